@@ -1,0 +1,677 @@
+"""The pure-Python build of the dispatch core (DESIGN.md §3).
+
+`_core.pyx` is its compiled twin; the two must behave identically, and the
+test suite runs every case against both. The core does no I/O and reads no
+clock: the caller reports what happened (`sent`, `fence_passed`, ...) and
+passes the time.
+
+Layout, chosen so that every operation is O(1) in workers and dispatches:
+- three dicts (preparing, active, committing) keyed by dispatch id;
+- per worker, an intrusive doubly linked list of its dispatches (any phase)
+  and a count of the PREPARING or ACTIVE ones (D1);
+- one intrusive list of ACTIVE dispatches in send order, so that
+  `sent_before` walks only the expired ones;
+- per worker, the set of object ids it is known to hold (D7).
+A transaction's compensation stack is one flat list: comp, arg, comp, arg...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar, final
+
+from dispatchtx.errors import (
+    NO_FAILURES,
+    CompensationFailure,
+    Failures,
+    IllegalMove,
+    Phase,
+    Side,
+    UnknownDispatch,
+    WorkerBusy,
+    WrongWorker,
+    raise_failures,
+)
+
+__all__ = ["Compensation", "DispatchTables", "Transaction"]
+
+A = TypeVar("A")
+
+_PREPARING = Phase.PREPARING
+_ACTIVE = Phase.ACTIVE
+_COMMITTING = Phase.COMMITTING
+_COMMITTED = Phase.COMMITTED
+_ROLLED_BACK = Phase.ROLLED_BACK
+
+# Index of each side's callable in Compensation._callables.
+_BEFORE, _AFTER, _ON_COMMIT = 0, 1, 2
+_SIDES = (Side.BEFORE_SEND, Side.AFTER_SEND, Side.ON_COMMIT)
+
+
+@final
+class Compensation(Generic[A]):
+    """One resource kind's undo, discard and release, declared once.
+
+    Made by `DispatchTables.compensation`; per dispatch, an adapter adds
+    `(compensation, reservation)` to the transaction, so no closure is
+    created per dispatch.
+    """
+
+    __slots__ = ("_callables", "name")
+
+    def __init__(
+        self,
+        name: str,
+        before_send: Callable[[A], object] | None,
+        after_send: Callable[[A], object] | None,
+        on_commit: Callable[[A], object] | None = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"compensation name must be str, not {type(name).__name__}")
+        for side, fn in zip(_SIDES, (before_send, after_send, on_commit), strict=True):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}.{side.value} must be callable or None")
+        self.name = name
+        self._callables = (before_send, after_send, on_commit)
+
+    def __repr__(self) -> str:
+        return f"<Compensation {self.name!r}>"
+
+
+@final
+class Transaction:
+    """A read-only handle on one dispatch. Only the tables move it."""
+
+    __slots__ = (
+        "_id",
+        "_worker",
+        "_phase",
+        "_sent_at",
+        "_tag",
+        "_stack",
+        "_objects",
+        "_w_prev",
+        "_w_next",
+        "_s_prev",
+        "_s_next",
+    )
+
+    _id: int
+    _worker: int
+    _phase: Phase
+    _sent_at: float | None
+    _tag: object
+    _stack: list[Any] | None
+    _objects: list[str] | None
+    _w_prev: Transaction | None
+    _w_next: Transaction | None
+    _s_prev: Transaction | None
+    _s_next: Transaction | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("transactions are made by DispatchTables.prepare")
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def worker(self) -> int:
+        return self._worker
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def sent_at(self) -> float | None:
+        return self._sent_at
+
+    @property
+    def tag(self) -> object:
+        return self._tag
+
+    @tag.setter
+    def tag(self, value: object) -> None:
+        if self._phase is not _PREPARING:
+            raise IllegalMove(self._id, "set tag", self._phase)
+        self._tag = value
+
+    def add(self, comp: Compensation[A], arg: A) -> None:
+        """Register one reservation's compensation (PREPARING only, D2)."""
+        if self._phase is not _PREPARING:
+            raise IllegalMove(self._id, "add", self._phase)
+        if type(comp) is not Compensation:
+            raise TypeError(f"expected a Compensation, got {type(comp).__name__}")
+        stack = self._stack
+        assert stack is not None  # a PREPARING transaction always has its stack
+        stack.append(comp)
+        stack.append(arg)
+
+    def ship(self, object_ids: Iterable[str]) -> None:
+        """Objects this message carries; cached for the worker at `sent` (D7)."""
+        if self._phase is not _PREPARING:
+            raise IllegalMove(self._id, "ship", self._phase)
+        ids = list(object_ids)
+        for object_id in ids:
+            if type(object_id) is not str:
+                raise TypeError(f"object ids must be str, not {type(object_id).__name__}")
+        if self._objects is None:
+            self._objects = ids
+        else:
+            self._objects.extend(ids)
+
+    def __len__(self) -> int:
+        stack = self._stack
+        return 0 if stack is None else len(stack) >> 1
+
+    def __repr__(self) -> str:
+        return (
+            f"<Transaction {self._id} worker={self._worker} "
+            f"{self._phase.name} compensations={len(self)}>"
+        )
+
+
+def _new_transaction(dispatch_id: int, worker: int, tag: object) -> Transaction:
+    txn = object.__new__(Transaction)
+    txn._id = dispatch_id
+    txn._worker = worker
+    txn._phase = _PREPARING
+    txn._sent_at = None
+    txn._tag = tag
+    txn._stack = []
+    txn._objects = None
+    txn._w_prev = txn._w_next = txn._s_prev = txn._s_next = None
+    return txn
+
+
+def _run(txn: Transaction, stack: list[Any], which: int) -> tuple[Failures, BaseException | None]:
+    """Run one side of a detached stack in reverse; keep every failure.
+
+    An interrupt (KeyboardInterrupt, SystemExit) lets the rest run; it is
+    handed back for the caller to raise once everything has run.
+    """
+    failures: list[CompensationFailure] | None = None
+    interrupt: BaseException | None = None
+    i = len(stack) - 2
+    while i >= 0:
+        comp: Compensation[Any] = stack[i]
+        fn = comp._callables[which]
+        if fn is not None:
+            try:
+                fn(stack[i + 1])
+            except Exception as error:
+                if failures is None:
+                    failures = []
+                failures.append(
+                    CompensationFailure(txn._id, txn._worker, comp.name, _SIDES[which], error)
+                )
+            except BaseException as error:
+                if interrupt is None:
+                    interrupt = error
+        i -= 2
+    return (NO_FAILURES if failures is None else tuple(failures)), interrupt
+
+
+def _reraise(interrupt: BaseException, failures: Failures) -> None:
+    for failure in failures:
+        interrupt.add_note(f"dispatchtx: also failed during this rollback: {failure}")
+    raise interrupt
+
+
+class _DispatchBoundary:
+    """`with tables.dispatch(worker) as txn:` (D8). A class, not a generator:
+    it is on the hot path."""
+
+    __slots__ = ("_tables", "_worker", "_tag", "_txn")
+
+    def __init__(self, tables: DispatchTables, worker: int, tag: object) -> None:
+        self._tables = tables
+        self._worker = worker
+        self._tag = tag
+        self._txn: Transaction | None = None
+
+    def __enter__(self) -> Transaction:
+        if self._txn is not None:
+            raise RuntimeError("a dispatch() boundary can be entered only once")
+        txn = self._tables.prepare(self._worker, self._tag)
+        self._txn = txn
+        return txn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        txn = self._txn
+        assert txn is not None
+        phase = txn._phase
+        if exc is None:
+            if phase is _PREPARING:
+                failures = self._tables.abort(txn._id)
+                error = IllegalMove(
+                    txn._id,
+                    "dispatch() exit",
+                    _PREPARING,
+                    "the block ended neither sent nor aborted; the before-send undo ran",
+                )
+                for failure in failures:
+                    error.add_note(f"dispatchtx: while compensating: {failure}")
+                raise error
+            return False
+        if phase is _PREPARING:
+            failures = self._tables.abort(txn._id)
+        elif phase is _ACTIVE:
+            failures = self._tables.fenced_out(txn._id)
+        else:
+            failures = NO_FAILURES
+        for failure in failures:
+            exc.add_note(f"dispatchtx: while compensating: {failure}")
+        return False
+
+
+class _CommittingBoundary:
+    """`with tables.committing(dispatch_id) as txn:` the triage boundary."""
+
+    __slots__ = ("_tables", "_id")
+
+    def __init__(self, tables: DispatchTables, dispatch_id: int) -> None:
+        self._tables = tables
+        self._id = dispatch_id
+
+    def __enter__(self) -> Transaction:
+        tables = self._tables
+        txn = tables._committing.get(self._id)
+        if txn is not None:
+            return txn  # a retry of a triage that failed before
+        return tables.fence_passed(self._id)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        if exc is None:
+            raise_failures(
+                self._tables.finished(self._id),
+                f"dispatch {self._id} is COMMITTED, but releasing it",
+            )
+        # On an exception the dispatch stays COMMITTING, parked for a retry:
+        # past the fence nothing is discarded.
+        return False
+
+
+@final
+class DispatchTables:
+    """The three tables of in-flight dispatches and the moves between them."""
+
+    __slots__ = (
+        "_n_workers",
+        "_max_in_flight",
+        "_next_id",
+        "_preparing",
+        "_active",
+        "_committing",
+        "_heads",
+        "_occupied",
+        "_caches",
+        "_sent_head",
+        "_sent_tail",
+        "_last_now",
+    )
+
+    def __init__(self, n_workers: int, *, max_in_flight: int = 1, first_id: int = 0) -> None:
+        if n_workers < 0:
+            raise ValueError(f"n_workers must be >= 0, got {n_workers}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if first_id < 0:
+            raise ValueError(f"first_id must be >= 0, got {first_id}")
+        self._n_workers = int(n_workers)
+        self._max_in_flight = int(max_in_flight)
+        self._next_id = int(first_id)
+        self._preparing: dict[int, Transaction] = {}
+        self._active: dict[int, Transaction] = {}
+        self._committing: dict[int, Transaction] = {}
+        self._heads: list[Transaction | None] = [None] * self._n_workers
+        self._occupied: list[int] = [0] * self._n_workers
+        self._caches: list[set[str] | None] = [None] * self._n_workers
+        self._sent_head: Transaction | None = None
+        self._sent_tail: Transaction | None = None
+        self._last_now = float("-inf")
+
+    # -- configuration ---------------------------------------------------
+
+    @property
+    def n_workers(self) -> int:
+        return self._n_workers
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    def compensation(
+        self,
+        name: str,
+        before_send: Callable[[A], object] | None,
+        after_send: Callable[[A], object] | None,
+        on_commit: Callable[[A], object] | None = None,
+    ) -> Compensation[A]:
+        """Declare one resource kind's compensation, once."""
+        return Compensation(name, before_send, after_send, on_commit)
+
+    # -- intrusive lists -------------------------------------------------
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self._n_workers:
+            raise ValueError(f"worker {worker} is out of range 0..{self._n_workers - 1}")
+
+    def _link_worker(self, txn: Transaction) -> None:
+        head = self._heads[txn._worker]
+        txn._w_next = head
+        if head is not None:
+            head._w_prev = txn
+        self._heads[txn._worker] = txn
+
+    def _unlink_worker(self, txn: Transaction) -> None:
+        prev, nxt = txn._w_prev, txn._w_next
+        if prev is not None:
+            prev._w_next = nxt
+        elif self._heads[txn._worker] is txn:
+            self._heads[txn._worker] = nxt
+        else:
+            return  # not linked
+        if nxt is not None:
+            nxt._w_prev = prev
+        txn._w_prev = txn._w_next = None
+
+    def _unlink_sent(self, txn: Transaction) -> None:
+        prev, nxt = txn._s_prev, txn._s_next
+        if prev is not None:
+            prev._s_next = nxt
+        elif self._sent_head is txn:
+            self._sent_head = nxt
+        else:
+            return  # not linked
+        if nxt is not None:
+            nxt._s_prev = prev
+        else:
+            self._sent_tail = prev
+        txn._s_prev = txn._s_next = None
+
+    # -- moves -----------------------------------------------------------
+
+    def prepare(self, worker: int, tag: object = None) -> Transaction:
+        """Open a dispatch to `worker` (D1: at most `max_in_flight` per worker)."""
+        self._check_worker(worker)
+        occupied = self._occupied[worker]
+        if occupied >= self._max_in_flight:
+            raise WorkerBusy(worker, occupied, self._max_in_flight)
+        dispatch_id = self._next_id
+        self._next_id = dispatch_id + 1
+        txn = _new_transaction(dispatch_id, worker, tag)
+        self._preparing[dispatch_id] = txn
+        self._occupied[worker] = occupied + 1
+        self._link_worker(txn)
+        return txn
+
+    def sent(self, dispatch_id: int, now: float) -> Transaction:
+        """`send` returned: PREPARING -> ACTIVE, and the worker's object cache
+        learns what the message carried (D7). `now` never goes backwards: an
+        earlier one is taken as the latest seen."""
+        txn = self._preparing.pop(dispatch_id, None)
+        if txn is None:
+            raise IllegalMove(dispatch_id, "sent", self.phase_of(dispatch_id))
+        now = float(now)
+        if now < self._last_now:
+            now = self._last_now
+        else:
+            self._last_now = now
+        txn._phase = _ACTIVE
+        txn._sent_at = now
+        self._active[dispatch_id] = txn
+        tail = self._sent_tail
+        txn._s_prev = tail
+        if tail is None:
+            self._sent_head = txn
+        else:
+            tail._s_next = txn
+        self._sent_tail = txn
+        objects = txn._objects
+        if objects is not None:
+            txn._objects = None
+            cache = self._caches[txn._worker]
+            if cache is None:
+                self._caches[txn._worker] = set(objects)
+            else:
+                cache.update(objects)
+        return txn
+
+    def abort(self, dispatch_id: int) -> Failures:
+        """Never sent: run the before-send undos in reverse (D3)."""
+        txn = self._preparing.pop(dispatch_id, None)
+        if txn is None:
+            raise IllegalMove(dispatch_id, "abort", self.phase_of(dispatch_id))
+        self._occupied[txn._worker] -= 1
+        self._unlink_worker(txn)
+        return self._roll_back(txn, _BEFORE)
+
+    def fence_passed(self, dispatch_id: int) -> Transaction:
+        """`begin_commit` succeeded: ACTIVE -> COMMITTING (D5); the worker is free."""
+        txn = self._active.pop(dispatch_id, None)
+        if txn is None:
+            raise IllegalMove(dispatch_id, "fence_passed", self.phase_of(dispatch_id))
+        self._unlink_sent(txn)
+        self._occupied[txn._worker] -= 1
+        txn._phase = _COMMITTING
+        self._committing[dispatch_id] = txn
+        return txn
+
+    def finished(self, dispatch_id: int) -> Failures:
+        """Triage and completion done: run the releases in reverse and drop
+        the stack (D6)."""
+        txn = self._committing.pop(dispatch_id, None)
+        if txn is None:
+            raise IllegalMove(dispatch_id, "finished", self.phase_of(dispatch_id))
+        self._unlink_worker(txn)
+        stack = txn._stack
+        txn._stack = None
+        txn._phase = _COMMITTED
+        assert stack is not None
+        failures, interrupt = _run(txn, stack, _ON_COMMIT)
+        if interrupt is not None:
+            _reraise(interrupt, failures)
+        return failures
+
+    def fenced_out(self, dispatch_id: int) -> Failures:
+        """Sent, but the result cannot be trusted: run the after-send
+        discards in reverse (D4)."""
+        txn = self._active.pop(dispatch_id, None)
+        if txn is None:
+            raise IllegalMove(dispatch_id, "fenced_out", self.phase_of(dispatch_id))
+        self._unlink_sent(txn)
+        self._occupied[txn._worker] -= 1
+        self._unlink_worker(txn)
+        return self._roll_back(txn, _AFTER)
+
+    def _roll_back(self, txn: Transaction, which: int) -> Failures:
+        # The dispatch is already out of every table: a compensation that
+        # calls back into the tables finds it gone.
+        stack = txn._stack
+        txn._stack = None
+        txn._objects = None
+        txn._phase = _ROLLED_BACK
+        assert stack is not None
+        failures, interrupt = _run(txn, stack, which)
+        if interrupt is not None:
+            _reraise(interrupt, failures)
+        return failures
+
+    def _sweep(self, victims: list[Transaction]) -> Failures:
+        """Take each distinct victim out of every table, then compensate each
+        once, newest first (D8)."""
+        seen: set[int] = set()
+        detached: list[tuple[Transaction, list[Any], int]] = []
+        for txn in victims:
+            if id(txn) in seen:
+                continue
+            seen.add(id(txn))
+            dispatch_id = txn._id
+            for table in (self._preparing, self._active, self._committing):
+                if table.get(dispatch_id) is txn:
+                    del table[dispatch_id]
+            self._unlink_sent(txn)
+            self._unlink_worker(txn)
+            self._occupied[txn._worker] -= 1
+            stack = txn._stack
+            txn._stack = None
+            txn._objects = None
+            which = _BEFORE if txn._sent_at is None else _AFTER
+            txn._phase = _ROLLED_BACK
+            assert stack is not None
+            detached.append((txn, stack, which))
+        detached.sort(key=lambda item: item[0]._id, reverse=True)
+        all_failures: list[CompensationFailure] = []
+        first_interrupt: BaseException | None = None
+        for txn, stack, which in detached:
+            failures, interrupt = _run(txn, stack, which)
+            all_failures.extend(failures)
+            if interrupt is not None and first_interrupt is None:
+                first_interrupt = interrupt
+        result = tuple(all_failures) if all_failures else NO_FAILURES
+        if first_interrupt is not None:
+            _reraise(first_interrupt, result)
+        return result
+
+    def lose_worker(self, worker: int) -> Failures:
+        """The worker is gone: compensate its PREPARING and ACTIVE dispatches
+        and forget its object cache. A COMMITTING one stays: its result is
+        in hand."""
+        self._check_worker(worker)
+        victims: list[Transaction] = []
+        txn = self._heads[worker]
+        while txn is not None:
+            if txn._phase is _PREPARING or txn._phase is _ACTIVE:
+                victims.append(txn)
+            txn = txn._w_next
+        self._caches[worker] = None
+        return self._sweep(victims) if victims else NO_FAILURES
+
+    def shutdown(self) -> Failures:
+        """Compensate every PREPARING and ACTIVE dispatch; COMMITTING ones
+        stay for the caller to finish or for recovery to roll forward."""
+        victims = [
+            txn
+            for table in (self._preparing, self._active, self._committing)
+            for txn in table.values()
+            if txn._phase is _PREPARING or txn._phase is _ACTIVE
+        ]
+        return self._sweep(victims) if victims else NO_FAILURES
+
+    # -- boundaries ------------------------------------------------------
+
+    def dispatch(self, worker: int, tag: object = None) -> _DispatchBoundary:
+        """The D8 boundary around reserving, building and sending."""
+        return _DispatchBoundary(self, worker, tag)
+
+    def committing(self, dispatch_id: int) -> _CommittingBoundary:
+        """The triage boundary; a failure inside parks the dispatch COMMITTING."""
+        return _CommittingBoundary(self, dispatch_id)
+
+    # -- looking, never moving -------------------------------------------
+
+    def get(self, dispatch_id: int) -> Transaction | None:
+        txn = self._active.get(dispatch_id)
+        if txn is None:
+            txn = self._preparing.get(dispatch_id)
+            if txn is None:
+                txn = self._committing.get(dispatch_id)
+        return txn
+
+    def phase_of(self, dispatch_id: int) -> Phase | None:
+        txn = self.get(dispatch_id)
+        return None if txn is None else txn._phase
+
+    def match(self, worker: int, dispatch_id: int) -> Transaction:
+        """The ACTIVE dispatch this result answers, or UnknownDispatch /
+        WrongWorker: a result to count and drop."""
+        txn = self._active.get(dispatch_id)
+        if txn is not None:
+            if txn._worker != worker:
+                raise WrongWorker(dispatch_id, txn._worker, worker)
+            return txn
+        txn = self._preparing.get(dispatch_id)
+        if txn is None:
+            txn = self._committing.get(dispatch_id)
+        if txn is not None and txn._worker != worker:
+            raise WrongWorker(dispatch_id, txn._worker, worker)
+        raise UnknownDispatch(dispatch_id, None if txn is None else txn._phase)
+
+    def in_flight(self, worker: int | None = None) -> Iterator[Transaction]:
+        """A snapshot of the dispatches in any table (of one worker, if
+        given), oldest first."""
+        if worker is None:
+            txns = [
+                *self._preparing.values(),
+                *self._active.values(),
+                *self._committing.values(),
+            ]
+            txns.sort(key=lambda txn: txn._id)
+            return iter(txns)
+        self._check_worker(worker)
+        txns = []
+        txn = self._heads[worker]
+        while txn is not None:
+            txns.append(txn)
+            txn = txn._w_next
+        txns.reverse()
+        return iter(txns)
+
+    def sent_before(self, cutoff: float) -> Iterator[Transaction]:
+        """A snapshot of the ACTIVE dispatches sent before `cutoff`, oldest
+        first; O(expired)."""
+        expired = []
+        txn = self._sent_head
+        while txn is not None and txn._sent_at is not None and txn._sent_at < cutoff:
+            expired.append(txn)
+            txn = txn._s_next
+        return iter(expired)
+
+    def missing(self, worker: int, object_ids: Iterable[str]) -> list[str]:
+        """The ids the worker is not known to hold, in the order given."""
+        self._check_worker(worker)
+        cache = self._caches[worker]
+        if cache is None:
+            return list(object_ids)
+        return [object_id for object_id in object_ids if object_id not in cache]
+
+    def __len__(self) -> int:
+        return len(self._preparing) + len(self._active) + len(self._committing)
+
+    def __repr__(self) -> str:
+        return (
+            f"<DispatchTables workers={self._n_workers} preparing={len(self._preparing)} "
+            f"active={len(self._active)} committing={len(self._committing)}>"
+        )
+
+    # -- test-only hook --------------------------------------------------
+
+    def _debug_plant(self, dispatch_id: int, phase: Phase) -> None:
+        """Put a dispatch into a second table as a regression would; tests
+        use it to check that sweeps still compensate each dispatch once."""
+        txn = self.get(dispatch_id)
+        if txn is None:
+            raise KeyError(dispatch_id)
+        table = {
+            _PREPARING: self._preparing,
+            _ACTIVE: self._active,
+            _COMMITTING: self._committing,
+        }[phase]
+        table[dispatch_id] = txn

@@ -1,0 +1,160 @@
+"""The leaf of dispatchtx: phases, sides, failure records and every error.
+
+Both builds of the core import these names from here, so that `Phase.ACTIVE`,
+`IllegalMove` and `CompensationFailure` are the same objects whichever build
+is loaded. This module imports nothing of dispatchtx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Final, final
+
+__all__ = [
+    "CompensationError",
+    "CompensationFailure",
+    "DispatchError",
+    "Failures",
+    "IllegalMove",
+    "NO_FAILURES",
+    "Phase",
+    "Side",
+    "UnknownDispatch",
+    "WorkerBusy",
+    "WrongWorker",
+    "raise_failures",
+]
+
+
+class Phase(IntEnum):
+    """Where a dispatch is in its life (DESIGN.md §1)."""
+
+    PREPARING = 0
+    ACTIVE = 1
+    COMMITTING = 2
+    COMMITTED = 3
+    ROLLED_BACK = 4
+
+
+class Side(Enum):
+    """Which of a compensation's three callables ran."""
+
+    BEFORE_SEND = "before_send"
+    AFTER_SEND = "after_send"
+    ON_COMMIT = "on_commit"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CompensationFailure:
+    """One compensation (or release) that raised; the others still ran."""
+
+    dispatch_id: int
+    worker: int
+    resource: str
+    side: Side
+    error: Exception
+
+    def __str__(self) -> str:
+        return (
+            f"dispatch {self.dispatch_id} (worker {self.worker}): "
+            f"{self.resource}.{self.side.value} raised {self.error!r}"
+        )
+
+
+Failures = tuple[CompensationFailure, ...]
+NO_FAILURES: Final[Failures] = ()
+
+
+class DispatchError(Exception):
+    """Root of every error dispatchtx raises on purpose."""
+
+
+class WorkerBusy(DispatchError):
+    """`prepare` on a worker that already holds `max_in_flight` dispatches."""
+
+    def __init__(self, worker: int, in_flight: int, max_in_flight: int) -> None:
+        super().__init__(
+            f"worker {worker} already holds {in_flight} PREPARING or ACTIVE "
+            f"dispatches (max_in_flight={max_in_flight})"
+        )
+        self.worker = worker
+        self.in_flight = in_flight
+        self.max_in_flight = max_in_flight
+
+
+class IllegalMove(DispatchError):
+    """A move from the wrong phase; nothing was moved.
+
+    `phase` is where the dispatch is (None: in no table, never known or
+    already ended).
+    """
+
+    def __init__(self, dispatch_id: int, move: str, phase: Phase | None, detail: str = "") -> None:
+        where = "in no table" if phase is None else f"is {phase.name}"
+        message = f"{move}: dispatch {dispatch_id} {where}"
+        if detail:
+            message = f"{message}; {detail}"
+        super().__init__(message)
+        self.dispatch_id = dispatch_id
+        self.move = move
+        self.phase = phase
+
+
+class UnknownDispatch(DispatchError):
+    """A result whose dispatch is unknown, gone, or not ACTIVE: count, drop."""
+
+    def __init__(self, dispatch_id: int, phase: Phase | None) -> None:
+        if phase is None:
+            message = f"no dispatch {dispatch_id} in flight (unknown or already ended)"
+        else:
+            message = (
+                f"dispatch {dispatch_id} is {phase.name}, not ACTIVE: "
+                "a duplicate or premature result"
+            )
+        super().__init__(message)
+        self.dispatch_id = dispatch_id
+        self.phase = phase
+
+
+class WrongWorker(DispatchError):
+    """A result for a dispatch that another worker holds: count, drop."""
+
+    def __init__(self, dispatch_id: int, expected: int, got: int) -> None:
+        super().__init__(
+            f"dispatch {dispatch_id} was sent to worker {expected}, "
+            f"but the result came from worker {got}"
+        )
+        self.dispatch_id = dispatch_id
+        self.expected = expected
+        self.got = got
+
+
+class CompensationError(DispatchError, ExceptionGroup[Exception]):
+    """Every compensation failure of one move, raised together.
+
+    `except*` splits keep the failures that match (see `derive`).
+    """
+
+    failures: Failures
+
+    def __new__(cls, message: str, failures: Sequence[CompensationFailure]) -> CompensationError:
+        errors = [failure.error for failure in failures]
+        self = super().__new__(cls, message, errors)
+        self.failures = tuple(failures)
+        return self
+
+    def __init__(self, message: str, failures: Sequence[CompensationFailure]) -> None:
+        super().__init__(message, [failure.error for failure in failures])
+
+    def derive(self, excs: Sequence[Exception]) -> CompensationError:  # type: ignore[override]
+        kept = [f for f in self.failures if any(f.error is e for e in excs)]
+        return CompensationError(self.message, kept)
+
+
+def raise_failures(failures: Failures, message: str) -> None:
+    """Raise `CompensationError` if `failures` is not empty."""
+    if failures:
+        raise CompensationError(f"{message}: {len(failures)} compensation(s) failed", failures)
