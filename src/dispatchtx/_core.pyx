@@ -78,6 +78,7 @@ cdef class Compensation:
 
 
 @cython.final
+@cython.freelist(64)
 cdef class Transaction:
     """A read-only handle on one dispatch. Only the tables move it."""
 
@@ -344,9 +345,17 @@ cdef class DispatchTables:
     # -- intrusive lists -------------------------------------------------
 
     cdef inline Py_ssize_t _worker_index(self, object worker) except -1:
-        if not (0 <= worker < self._n_workers):
-            raise ValueError(f"worker {worker} is out of range 0..{self._n_workers - 1}")
-        return <Py_ssize_t>worker
+        cdef Py_ssize_t w
+        if type(worker) is int:
+            try:
+                w = worker
+            except OverflowError:
+                w = -1
+            if 0 <= w < self._n_workers:
+                return w
+        elif 0 <= worker < self._n_workers:
+            return <Py_ssize_t>worker
+        raise ValueError(f"worker {worker} is out of range 0..{self._n_workers - 1}")
 
     cdef inline void _link_worker(self, Transaction txn):
         cdef Transaction head = self._heads[txn._worker]
