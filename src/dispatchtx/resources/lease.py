@@ -1,0 +1,120 @@
+"""The shared exact-work lease (DESIGN.md §4: undo and discard both abandon
+with the current token; a token that was taken over fails safely).
+
+A dispatch claims its work item in the shared store; the claim's slot number
+is the fencing token the result must carry back to `begin_commit`. If the
+dispatch is never sent, or its result cannot be trusted, the claim is
+abandoned so that any coordinator may claim the item again at once instead
+of waiting out its TTL. Once the result passed the fence, the lease is the
+store's commit record: nothing is released here, the coordinator completes
+the item inside its triage boundary (so a failed `complete` is retried,
+never lost).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from dispatchtx.resources._base import (
+    Leak,
+    NotReserved,
+    ResourceError,
+    Unavailable,
+    check_name,
+    register,
+    require_preparing,
+)
+from dispatchtx.store import AbandonOutcome, ClaimOutcome, WorkStore
+
+if TYPE_CHECKING:
+    from dispatchtx import Compensation, DispatchTables, Transaction
+
+__all__ = ["LeaseLost", "WorkLease", "WorkLeases"]
+
+
+class LeaseLost(ResourceError):
+    """Abandoning a claim that is no longer ours: no effect, reported.
+
+    Raised inside a compensation, it becomes a `CompensationFailure` that
+    names the item and what the store found instead.
+    """
+
+
+class WorkLease(NamedTuple):
+    """One dispatch's claim on one exact-work item (the compensation's arg)."""
+
+    work_id: str
+    token: int
+    dispatch_id: int
+
+
+class WorkLeases:
+    """Claims exact work for dispatches, and abandons what was never used."""
+
+    __slots__ = ("_compensation", "_held", "_name", "_store", "abandoned", "taken_over")
+
+    def __init__(self, tables: DispatchTables, store: WorkStore, *, name: str = "work-lease"):
+        self._name = check_name(name)
+        self._store = store
+        self._held: dict[str, WorkLease] = {}
+        self.abandoned = 0
+        self.taken_over = 0
+        self._compensation: Compensation[WorkLease] = tables.compensation(
+            self._name, self._abandon, self._abandon, self._forget
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def compensation(self) -> Compensation[WorkLease]:
+        return self._compensation
+
+    def reserve(self, txn: Transaction, work_id: str, now: float | None = None) -> WorkLease:
+        """Claim `work_id` for this dispatch; `Unavailable` if it cannot be
+        claimed now (held by another, committing, done or quarantined)."""
+        require_preparing(txn, "claim work")
+        result = self._store.try_claim(work_id, now)
+        if result.outcome is not ClaimOutcome.CLAIMED or result.token is None:
+            raise Unavailable(f"work item {work_id!r} cannot be claimed: {result.outcome.value}")
+        lease = WorkLease(work_id, result.token, txn.id)
+        self._held[work_id] = lease
+        register(txn, self._compensation, lease, self._abandon)
+        return lease
+
+    def held(self, work_id: str) -> WorkLease | None:
+        return self._held.get(work_id)
+
+    def heartbeat_all(self) -> list[WorkLease]:
+        """Heartbeat every held lease; return the ones the store says are lost."""
+        lost = [
+            lease
+            for lease in list(self._held.values())
+            if not self._store.heartbeat(lease.work_id, lease.token)
+        ]
+        return lost
+
+    def _forget(self, lease: WorkLease) -> None:
+        # Committed: the store's commit record now stands for the lease.
+        if self._held.get(lease.work_id) != lease:
+            raise NotReserved(f"{self._name}: no lease {lease} to release")
+        del self._held[lease.work_id]
+
+    def _abandon(self, lease: WorkLease) -> None:
+        self._forget(lease)
+        outcome = self._store.abandon(lease.work_id, lease.token)
+        if outcome is AbandonOutcome.ABANDONED:
+            self.abandoned += 1
+            return
+        self.taken_over += 1
+        raise LeaseLost(
+            f"{self._name}: abandoning {lease.work_id!r} with token {lease.token} "
+            f"had no effect: {outcome.value}"
+        )
+
+    def leaks(self) -> list[Leak]:
+        return [
+            Leak(self._name, "lease", f"{lease.work_id}@{lease.token}", lease.dispatch_id)
+            for lease in self._held.values()
+        ]
