@@ -14,11 +14,14 @@ class Recorder:
     log: list[tuple[str, str, object]] = field(default_factory=list)
     failing: set[tuple[str, str]] = field(default_factory=set)
     interrupting: set[tuple[str, str]] = field(default_factory=set)
+    exiting: set[tuple[str, str]] = field(default_factory=set)
 
     def _call(self, resource: str, side: str, arg: object) -> None:
         self.log.append((resource, side, arg))
         if (resource, side) in self.interrupting:
             raise KeyboardInterrupt(f"{resource}.{side}")
+        if (resource, side) in self.exiting:
+            raise SystemExit(f"{resource}.{side}")
         if (resource, side) in self.failing:
             raise RuntimeError(f"{resource}.{side} failed")
 

@@ -163,8 +163,9 @@ def test_d3_undo_is_chosen_by_phase_never_sent_means_before_send() -> None:
         (3, "after"),
         (3, "before"),
     ]
-    assert recorder.log[:3] == [("c", "after", 3), ("b", "after", 2), ("a", "after", 1)]
-    assert unsent < sent  # newest first
+    # newest first: the sent dispatch (the later id) is discarded first
+    assert unsent < sent
+    assert recorder.sides() == ["after"] * 3 + ["before"] * 3
 
 
 # -- D4: discard after a stale result ------------------------------------------
@@ -487,11 +488,11 @@ def test_a_keyboard_interrupt_during_a_sweep_still_compensates_every_dispatch() 
 
 def test_a_system_exit_in_a_release_lets_the_rest_run() -> None:
     tables = DispatchTables(1)
-    recorder = Recorder(interrupting={("c", "commit")})
+    recorder = Recorder(exiting={("c", "commit")})
     dispatch_id = add_three(tables, recorder)
     tables.sent(dispatch_id, 1.0)
     tables.fence_passed(dispatch_id)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit):
         tables.finished(dispatch_id)
     assert recorder.sides() == ["commit"] * 3
     assert len(tables) == 0
@@ -500,8 +501,9 @@ def test_a_system_exit_in_a_release_lets_the_rest_run() -> None:
 # -- illegal moves ------------------------------------------------------------------
 
 
-def _in_phase(tables: DispatchTables, phase: str) -> int:
+def _in_phase(tables: DispatchTables, phase: str, recorder: Recorder) -> int:
     txn = tables.prepare(0)
+    txn.add(recorder.compensation(tables, "probe"), txn.id)
     if phase == "PREPARING":
         return txn.id
     tables.sent(txn.id, 1.0)
@@ -536,7 +538,8 @@ ILLEGAL = [
 def test_every_move_from_a_wrong_phase_is_refused_with_nothing_moved(move: str, phase: str) -> None:
     tables = DispatchTables(1, max_in_flight=2)
     recorder = Recorder()
-    dispatch_id = 999 if phase == "UNKNOWN" else _in_phase(tables, phase)
+    dispatch_id = 999 if phase == "UNKNOWN" else _in_phase(tables, phase, recorder)
+    recorder.clear()  # finishing a COMMITTED probe released it; nothing may run now
     before = table_state(tables)
     args: tuple[object, ...] = (dispatch_id, 2.0) if move == "sent" else (dispatch_id,)
     with pytest.raises(IllegalMove) as caught:
@@ -774,3 +777,162 @@ def test_shared_types_are_the_same_objects_in_both_builds() -> None:
     txn = tables.prepare(0)
     assert type(txn.phase) is errors.Phase
     assert type(_core_py.DispatchTables(1).prepare(0).phase) is errors.Phase
+
+
+# -- review findings: bad input never loses a dispatch --------------------------------
+
+
+@pytest.mark.parametrize("bad_now", [None, "1.5", float("nan")])
+def test_a_bad_send_time_leaves_the_dispatch_preparing_so_it_is_compensated(
+    bad_now: object,
+) -> None:
+    tables = DispatchTables(1)
+    recorder = Recorder()
+    with pytest.raises((TypeError, ValueError)), tables.dispatch(0) as txn:
+        txn.add(recorder.compensation(tables, "lease"), "tok")
+        tables.sent(txn.id, bad_now)  # type: ignore[arg-type]
+    assert recorder.log == [("lease", "before", "tok")]
+    assert tables.prepare(0).worker == 0  # the worker is free
+
+
+def test_sent_before_keeps_working_after_refusing_a_nan_time() -> None:
+    tables = DispatchTables(3)
+    txns = [tables.prepare(worker) for worker in range(3)]
+    tables.sent(txns[0].id, 1.0)
+    with pytest.raises(ValueError):
+        tables.sent(txns[1].id, float("nan"))
+    tables.sent(txns[2].id, 2.0)
+    assert [t.id for t in tables.sent_before(100)] == [txns[0].id, txns[2].id]
+
+
+def test_a_worker_given_as_bool_or_index_is_stored_as_int() -> None:
+    tables = DispatchTables(2)
+    txn = tables.prepare(True)
+    assert txn.worker == 1 and type(txn.worker) is int
+    with pytest.raises(TypeError):
+        tables.prepare(1.5)  # type: ignore[arg-type]
+
+
+def test_dispatch_ids_stay_below_two_to_the_63() -> None:
+    with pytest.raises(ValueError):
+        DispatchTables(1, first_id=2**63)
+    tables = DispatchTables(1, first_id=2**63 - 1)
+    txn = tables.prepare(0)
+    assert txn.id == 2**63 - 1
+    tables.abort(txn.id)
+    with pytest.raises(OverflowError):
+        tables.prepare(0)
+    assert tables.next_id == 2**63
+    assert len(tables) == 0
+
+
+def test_ship_refuses_a_bare_string() -> None:
+    tables = DispatchTables(1)
+    txn = tables.prepare(0)
+    with pytest.raises(TypeError, match="not one str"):
+        txn.ship("seed-1")
+    tables.sent(txn.id, 1.0)
+    assert tables.missing(0, ["s"]) == ["s"]
+
+
+def test_a_boundary_left_without_entering_says_so() -> None:
+    tables = DispatchTables(1)
+    with pytest.raises(RuntimeError, match="without being entered"):
+        tables.dispatch(0).__exit__(None, None, None)
+
+
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    errors: list[DispatchError] = [
+        WorkerBusy(1, 2, 2),
+        IllegalMove(3, "sent", Phase.ACTIVE, "detail"),
+        UnknownDispatch(4, None),
+        WrongWorker(5, 0, 1),
+        CompensationError("rollback", _failures()),
+    ]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error)
+        assert str(copy) == str(error)
+    copied = pickle.loads(pickle.dumps(errors[-1]))
+    assert isinstance(copied, CompensationError)
+    assert [f.resource for f in copied.failures] == ["lease", "bandit"]
+
+
+def test_handles_cannot_be_pickled() -> None:
+    import pickle
+
+    tables = DispatchTables(1)
+    txn = tables.prepare(0)
+    comp: Compensation[int] = tables.compensation("x", None, None)
+    live: object
+    for live in (tables, txn, comp):
+        with pytest.raises(TypeError):
+            pickle.dumps(live)
+
+
+def test_except_star_keeps_a_failure_whose_error_is_itself_a_group() -> None:
+    nested = CompensationFailure(
+        1, 0, "nested", Side.AFTER_SEND, ExceptionGroup("inner", [OSError("a"), KeyError("b")])
+    )
+    plain = CompensationFailure(1, 0, "plain", Side.AFTER_SEND, OSError("c"))
+    seen: list[list[str]] = []
+    try:
+        raise_failures((nested, plain), "discard")
+    except* OSError as group:
+        assert isinstance(group, CompensationError)
+        seen.append([f.resource for f in group.failures])
+    except* KeyError as group:
+        assert isinstance(group, CompensationError)
+        seen.append([f.resource for f in group.failures])
+    assert seen == [["nested", "plain"], ["nested"]]
+
+
+# -- review findings: gaps in what the first tests checked ----------------------------
+
+
+def test_an_exception_in_dispatch_after_the_fence_leaves_the_dispatch_committing() -> None:
+    tables = DispatchTables(1)
+    recorder = Recorder()
+    with pytest.raises(RuntimeError), tables.dispatch(0) as txn:
+        txn.add(recorder.compensation(tables, "lease"), "tok")
+        tables.sent(txn.id, 1.0)
+        tables.fence_passed(txn.id)
+        raise RuntimeError("after the fence")
+    assert recorder.log == []
+    assert tables.phase_of(txn.id) is Phase.COMMITTING
+
+
+@pytest.mark.parametrize("sweep", ["lose_worker", "shutdown"])
+def test_a_compensation_calling_back_during_a_sweep_finds_its_dispatch_gone(sweep: str) -> None:
+    tables = DispatchTables(2)
+    seen: list[object] = []
+
+    def undo(dispatch_id: int) -> None:
+        seen.append((tables.phase_of(dispatch_id), len(tables)))
+
+    comp = tables.compensation("reentrant", undo, undo)
+    first, second = tables.prepare(0), tables.prepare(1)
+    first.add(comp, first.id)
+    second.add(comp, second.id)
+    tables.sent(second.id, 1.0)
+    if sweep == "lose_worker":
+        tables.lose_worker(0)
+        assert seen == [(None, 1)]
+    else:
+        tables.shutdown()
+        assert seen == [(None, 0), (None, 0)]
+
+
+@pytest.mark.parametrize("phase", ["PREPARING", "COMMITTING"])
+def test_a_result_from_the_wrong_worker_is_refused_in_any_phase(phase: str) -> None:
+    tables = DispatchTables(2)
+    txn = tables.prepare(0)
+    if phase == "COMMITTING":
+        tables.sent(txn.id, 1.0)
+        tables.fence_passed(txn.id)
+    with pytest.raises(WrongWorker):
+        tables.match(1, txn.id)
+    with pytest.raises(UnknownDispatch):
+        tables.match(0, txn.id)

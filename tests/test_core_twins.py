@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dispatchtx import _core_py
+from dispatchtx.errors import DispatchError
 
 
 def _load_compiled() -> ModuleType | None:
@@ -66,6 +67,8 @@ class Twin:
     def do(self, method: str, *args: Any) -> object:
         try:
             result = getattr(self.tables, method)(*args)
+        except DispatchError as error:  # ours: the same type and message
+            return ("raised", type(error).__name__, str(error))
         except Exception as error:  # compared across builds, not hidden
             return ("raised", type(error).__name__)
         return normalize(result)
@@ -102,7 +105,6 @@ class CoreTwins(RuleBasedStateMachine):
         self.added: Counter[int] = Counter()  # reservations per dispatch
         self.arg_owner: dict[int, int] = {}
         self.finished: set[int] = set()
-        self.now = 0.0
 
     def both(self, method: str, *args: Any) -> object:
         a = self.pure.do(method, *args)
@@ -110,7 +112,7 @@ class CoreTwins(RuleBasedStateMachine):
         assert a == b, f"{method}{args}: pure {a!r} != compiled {b!r}"
         return a
 
-    @rule(worker=st.integers(-1, N_WORKERS))
+    @rule(worker=st.one_of(st.integers(-1, N_WORKERS), st.booleans()))
     def prepare(self, worker: int) -> None:
         result = self.both("prepare", worker)
         if isinstance(result, tuple) and result[0] == "txn":
@@ -151,10 +153,43 @@ class CoreTwins(RuleBasedStateMachine):
         assert outcomes[0] == outcomes[1]
 
     @precondition(lambda self: bool(self.ids))
-    @rule(data=st.data(), step=st.floats(-1.0, 2.0))
-    def sent(self, data: st.DataObject, step: float) -> None:
-        self.now += step
-        self.both("sent", data.draw(st.sampled_from(self.ids)), self.now)
+    @rule(
+        data=st.data(),
+        now=st.one_of(st.floats(0.0, 50.0), st.integers(0, 50), st.just(float("nan"))),
+    )
+    def sent(self, data: st.DataObject, now: float) -> None:
+        self.both("sent", data.draw(st.sampled_from(self.ids)), now)
+
+    @precondition(lambda self: bool(self.ids))
+    @rule(data=st.data(), tag=st.integers())
+    def set_tag(self, data: st.DataObject, tag: int) -> None:
+        dispatch_id = data.draw(st.sampled_from(self.ids))
+        outcomes = []
+        for twin in (self.pure, self.fast):
+            txn = twin.tables.get(dispatch_id)
+            try:
+                if txn is not None:
+                    txn.tag = tag
+                outcomes.append("gone" if txn is None else txn.tag)
+            except DispatchError as error:
+                outcomes.append(str(error))
+        assert outcomes[0] == outcomes[1]
+
+    @rule(worker=st.integers(0, N_WORKERS - 1), send=st.booleans())
+    def dispatch_block_that_raises(self, worker: int, send: bool) -> None:
+        outcomes = []
+        for twin in (self.pure, self.fast):
+            try:
+                with twin.tables.dispatch(worker) as txn:
+                    txn.add(twin.comps["lease"], -1)
+                    if send:
+                        twin.tables.sent(txn.id, 60.0)
+                    raise LookupError("build failed")
+            except LookupError:
+                outcomes.append("compensated")
+            except DispatchError as error:
+                outcomes.append(str(error))
+        assert outcomes[0] == outcomes[1]
 
     @precondition(lambda self: bool(self.ids))
     @rule(
@@ -196,7 +231,8 @@ class CoreTwins(RuleBasedStateMachine):
 
     @invariant()
     def each_compensation_runs_once_unless_finished(self) -> None:
-        calls = Counter(arg for _, side, arg in self.pure.log if side != "commit")
+        # (negative args belong to the dispatch blocks, which end inside their rule)
+        calls = Counter(arg for _, side, arg in self.pure.log if side != "commit" and arg >= 0)
         releases = Counter(arg for _, side, arg in self.pure.log if side == "commit")
         for arg, count in calls.items():
             assert count == 1, f"reservation {arg} compensated {count} times"

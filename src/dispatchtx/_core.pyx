@@ -12,6 +12,7 @@ boundaries are cdef classes rather than generators.
 cimport cython
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 
+import operator
 from types import GenericAlias
 
 from dispatchtx.errors import (
@@ -44,6 +45,8 @@ cdef tuple _PHASES = (
 )
 cdef tuple _SIDES = (Side.BEFORE_SEND, Side.AFTER_SEND, Side.ON_COMMIT)
 cdef tuple _NO_FAILURES = ()
+# Dispatch ids are C `long long`: both builds keep them below 2**63.
+MAX_DISPATCH_ID = 2**63 - 1
 
 
 @cython.final
@@ -135,6 +138,8 @@ cdef class Transaction:
         """Objects this message carries; cached for the worker at `sent` (D7)."""
         if self._phase != PREPARING:
             raise IllegalMove(self._id, "ship", _PHASES[self._phase])
+        if isinstance(object_ids, str):
+            raise TypeError("ship() takes an iterable of object ids, not one str")
         cdef list ids = list(object_ids)
         for object_id in ids:
             if type(object_id) is not str:
@@ -196,6 +201,8 @@ cdef tuple _run(Transaction txn, list stack, int which, list interrupts):
             except BaseException as error:
                 if interrupt is None:
                     interrupt = error
+                else:
+                    interrupt.add_note(f"dispatchtx: a further interrupt: {error!r}")
         i -= 2
     cdef tuple result = _NO_FAILURES if failures is None else tuple(failures)
     if interrupt is not None:
@@ -205,7 +212,10 @@ cdef tuple _run(Transaction txn, list stack, int which, list interrupts):
     return result
 
 
-cdef _reraise(object interrupt, tuple failures):
+cdef _reraise(object interrupt, tuple failures, list others=None):
+    if others:
+        for other in others:
+            interrupt.add_note(f"dispatchtx: a further interrupt in this rollback: {other!r}")
     for failure in failures:
         interrupt.add_note(f"dispatchtx: also failed during this rollback: {failure}")
     raise interrupt
@@ -221,6 +231,8 @@ cdef class _DispatchBoundary:
     cdef Transaction _txn
 
     def __enter__(self):
+        if self._tables is None:
+            raise RuntimeError("dispatch() boundaries are made by DispatchTables.dispatch")
         if self._txn is not None:
             raise RuntimeError("a dispatch() boundary can be entered only once")
         self._txn = self._tables.prepare(self._worker, self._tag)
@@ -228,6 +240,8 @@ cdef class _DispatchBoundary:
 
     def __exit__(self, exc_type, exc, tb):
         cdef Transaction txn = self._txn
+        if txn is None or self._tables is None:
+            raise RuntimeError("a dispatch() boundary left without being entered")
         cdef int phase = txn._phase
         cdef tuple failures
         if exc is None:
@@ -262,12 +276,16 @@ cdef class _CommittingBoundary:
     cdef object _id
 
     def __enter__(self):
+        if self._tables is None:
+            raise RuntimeError("committing() boundaries are made by DispatchTables.committing")
         txn = self._tables._committing.get(self._id)
         if txn is not None:
             return txn  # a retry of a triage that failed before
         return self._tables.fence_passed(self._id)
 
     def __exit__(self, exc_type, exc, tb):
+        if self._tables is None:
+            raise RuntimeError("committing() boundaries are made by DispatchTables.committing")
         if exc is None:
             raise_failures(
                 self._tables.finished(self._id),
@@ -285,6 +303,7 @@ cdef class DispatchTables:
     cdef Py_ssize_t _n_workers
     cdef int _max_in_flight
     cdef long long _next_id
+    cdef bint _exhausted
     cdef dict _preparing
     cdef dict _active
     cdef dict _committing
@@ -299,12 +318,15 @@ cdef class DispatchTables:
         self._occupied = NULL
 
     def __init__(self, n_workers, *, max_in_flight=1, first_id=0):
+        n_workers = operator.index(n_workers)
+        max_in_flight = operator.index(max_in_flight)
+        first_id = operator.index(first_id)
         if n_workers < 0:
             raise ValueError(f"n_workers must be >= 0, got {n_workers}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if first_id < 0:
-            raise ValueError(f"first_id must be >= 0, got {first_id}")
+        if not 1 <= max_in_flight < 2**31:
+            raise ValueError(f"max_in_flight must be in 1..2**31-1, got {max_in_flight}")
+        if not 0 <= first_id <= MAX_DISPATCH_ID:
+            raise ValueError(f"first_id must be in 0..2**63-1, got {first_id}")
         self._n_workers = n_workers
         self._max_in_flight = max_in_flight
         self._next_id = first_id
@@ -336,7 +358,7 @@ cdef class DispatchTables:
 
     @property
     def next_id(self):
-        return self._next_id
+        return int(self._next_id) + 1 if self._exhausted else self._next_id
 
     def compensation(self, name, before_send, after_send, on_commit=None):
         """Declare one resource kind's compensation, once."""
@@ -403,7 +425,12 @@ cdef class DispatchTables:
         if occupied >= self._max_in_flight:
             raise WorkerBusy(w, occupied, self._max_in_flight)
         cdef long long dispatch_id = self._next_id
-        self._next_id = dispatch_id + 1
+        if self._exhausted:
+            raise OverflowError("dispatch ids are exhausted (2**63)")
+        if dispatch_id == MAX_DISPATCH_ID:
+            self._exhausted = True  # the next id would not fit in a long long
+        else:
+            self._next_id = dispatch_id + 1
         cdef Transaction txn = _new_transaction(dispatch_id, w, tag)
         self._preparing[dispatch_id] = txn
         self._occupied[w] = occupied + 1
@@ -414,6 +441,8 @@ cdef class DispatchTables:
         """`send` returned: PREPARING -> ACTIVE, and the worker's object cache
         learns what the message carried (D7). `now` never goes backwards: an
         earlier one is taken as the latest seen."""
+        if now != now:
+            raise ValueError("a time must not be NaN")
         cdef object found = self._preparing.pop(dispatch_id, None)
         if found is None:
             raise IllegalMove(dispatch_id, "sent", self.phase_of(dispatch_id))
@@ -530,7 +559,7 @@ cdef class DispatchTables:
             all_failures.extend(_run(txn, stack, which, interrupts))
         cdef tuple result = tuple(all_failures) if all_failures else _NO_FAILURES
         if interrupts:
-            _reraise(interrupts[0], result)
+            _reraise(interrupts[0], result, interrupts[1:])
         return result
 
     def lose_worker(self, worker):

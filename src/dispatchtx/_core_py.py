@@ -17,6 +17,8 @@ A transaction's compensation stack is one flat list: comp, arg, comp, arg...
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, final
@@ -44,6 +46,10 @@ _COMMITTING = Phase.COMMITTING
 _COMMITTED = Phase.COMMITTED
 _ROLLED_BACK = Phase.ROLLED_BACK
 
+# Dispatch ids are C `long long` in the compiled twin: both builds keep them
+# below 2**63.
+MAX_DISPATCH_ID = 2**63 - 1
+
 # Index of each side's callable in Compensation._callables.
 _BEFORE, _AFTER, _ON_COMMIT = 0, 1, 2
 _SIDES = (Side.BEFORE_SEND, Side.AFTER_SEND, Side.ON_COMMIT)
@@ -58,7 +64,7 @@ class Compensation(Generic[A]):
     created per dispatch.
     """
 
-    __slots__ = ("_callables", "name")
+    __slots__ = ("_callables", "_name")
 
     def __init__(
         self,
@@ -72,11 +78,18 @@ class Compensation(Generic[A]):
         for side, fn in zip(_SIDES, (before_send, after_send, on_commit), strict=True):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name}.{side.value} must be callable or None")
-        self.name = name
+        self._name = name
         self._callables = (before_send, after_send, on_commit)
 
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Compensation is bound to its adapter: it cannot be pickled")
+
     def __repr__(self) -> str:
-        return f"<Compensation {self.name!r}>"
+        return f"<Compensation {self._name!r}>"
 
 
 @final
@@ -140,10 +153,10 @@ class Transaction:
 
     def add(self, comp: Compensation[A], arg: A) -> None:
         """Register one reservation's compensation (PREPARING only, D2)."""
-        if self._phase is not _PREPARING:
-            raise IllegalMove(self._id, "add", self._phase)
         if type(comp) is not Compensation:
             raise TypeError(f"expected a Compensation, got {type(comp).__name__}")
+        if self._phase is not _PREPARING:
+            raise IllegalMove(self._id, "add", self._phase)
         stack = self._stack
         assert stack is not None  # a PREPARING transaction always has its stack
         stack.append(comp)
@@ -153,6 +166,8 @@ class Transaction:
         """Objects this message carries; cached for the worker at `sent` (D7)."""
         if self._phase is not _PREPARING:
             raise IllegalMove(self._id, "ship", self._phase)
+        if isinstance(object_ids, str):
+            raise TypeError("ship() takes an iterable of object ids, not one str")
         ids = list(object_ids)
         for object_id in ids:
             if type(object_id) is not str:
@@ -165,6 +180,9 @@ class Transaction:
     def __len__(self) -> int:
         stack = self._stack
         return 0 if stack is None else len(stack) >> 1
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Transaction is a handle on live tables: it cannot be pickled")
 
     def __repr__(self) -> str:
         return (
@@ -210,11 +228,27 @@ def _run(txn: Transaction, stack: list[Any], which: int) -> tuple[Failures, Base
             except BaseException as error:
                 if interrupt is None:
                     interrupt = error
+                else:
+                    interrupt.add_note(f"dispatchtx: a further interrupt: {error!r}")
         i -= 2
     return (NO_FAILURES if failures is None else tuple(failures)), interrupt
 
 
-def _reraise(interrupt: BaseException, failures: Failures) -> None:
+def _as_time(now: object) -> float:
+    """A send time or cutoff: a real number (not a str), never NaN."""
+    if isinstance(now, str | bytes | bytearray):
+        raise TypeError(f"a time must be a real number, not {type(now).__name__}")
+    value = float(now)  # type: ignore[arg-type]
+    if math.isnan(value):
+        raise ValueError("a time must not be NaN")
+    return value
+
+
+def _reraise(
+    interrupt: BaseException, failures: Failures, others: Iterable[BaseException] = ()
+) -> None:
+    for other in others:
+        interrupt.add_note(f"dispatchtx: a further interrupt in this rollback: {other!r}")
     for failure in failures:
         interrupt.add_note(f"dispatchtx: also failed during this rollback: {failure}")
     raise interrupt
@@ -246,7 +280,8 @@ class _DispatchBoundary:
         tb: TracebackType | None,
     ) -> Literal[False]:
         txn = self._txn
-        assert txn is not None
+        if txn is None:
+            raise RuntimeError("a dispatch() boundary left without being entered")
         phase = txn._phase
         if exc is None:
             if phase is _PREPARING:
@@ -324,15 +359,18 @@ class DispatchTables:
     )
 
     def __init__(self, n_workers: int, *, max_in_flight: int = 1, first_id: int = 0) -> None:
+        n_workers = operator.index(n_workers)
+        max_in_flight = operator.index(max_in_flight)
+        first_id = operator.index(first_id)
         if n_workers < 0:
             raise ValueError(f"n_workers must be >= 0, got {n_workers}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if first_id < 0:
-            raise ValueError(f"first_id must be >= 0, got {first_id}")
-        self._n_workers = int(n_workers)
-        self._max_in_flight = int(max_in_flight)
-        self._next_id = int(first_id)
+        if not 1 <= max_in_flight < 2**31:
+            raise ValueError(f"max_in_flight must be in 1..2**31-1, got {max_in_flight}")
+        if not 0 <= first_id <= MAX_DISPATCH_ID:
+            raise ValueError(f"first_id must be in 0..2**63-1, got {first_id}")
+        self._n_workers = n_workers
+        self._max_in_flight = max_in_flight
+        self._next_id = first_id
         self._preparing: dict[int, Transaction] = {}
         self._active: dict[int, Transaction] = {}
         self._committing: dict[int, Transaction] = {}
@@ -369,9 +407,15 @@ class DispatchTables:
 
     # -- intrusive lists -------------------------------------------------
 
-    def _check_worker(self, worker: int) -> None:
+    def _check_worker(self, worker: int) -> int:
+        if type(worker) is not int:
+            worker = operator.index(worker)
         if not 0 <= worker < self._n_workers:
             raise ValueError(f"worker {worker} is out of range 0..{self._n_workers - 1}")
+        return worker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("DispatchTables cannot be pickled: it holds live compensations")
 
     def _link_worker(self, txn: Transaction) -> None:
         head = self._heads[txn._worker]
@@ -410,11 +454,13 @@ class DispatchTables:
 
     def prepare(self, worker: int, tag: object = None) -> Transaction:
         """Open a dispatch to `worker` (D1: at most `max_in_flight` per worker)."""
-        self._check_worker(worker)
+        worker = self._check_worker(worker)
         occupied = self._occupied[worker]
         if occupied >= self._max_in_flight:
             raise WorkerBusy(worker, occupied, self._max_in_flight)
         dispatch_id = self._next_id
+        if dispatch_id > MAX_DISPATCH_ID:
+            raise OverflowError("dispatch ids are exhausted (2**63)")
         self._next_id = dispatch_id + 1
         txn = _new_transaction(dispatch_id, worker, tag)
         self._preparing[dispatch_id] = txn
@@ -426,10 +472,12 @@ class DispatchTables:
         """`send` returned: PREPARING -> ACTIVE, and the worker's object cache
         learns what the message carried (D7). `now` never goes backwards: an
         earlier one is taken as the latest seen."""
+        # Checked before anything moves: a bad time leaves the dispatch
+        # PREPARING, so its boundary still compensates it.
+        now = _as_time(now)
         txn = self._preparing.pop(dispatch_id, None)
         if txn is None:
             raise IllegalMove(dispatch_id, "sent", self.phase_of(dispatch_id))
-        now = float(now)
         if now < self._last_now:
             now = self._last_now
         else:
@@ -539,22 +587,22 @@ class DispatchTables:
             detached.append((txn, stack, which))
         detached.sort(key=lambda item: item[0]._id, reverse=True)
         all_failures: list[CompensationFailure] = []
-        first_interrupt: BaseException | None = None
+        interrupts: list[BaseException] = []
         for txn, stack, which in detached:
             failures, interrupt = _run(txn, stack, which)
             all_failures.extend(failures)
-            if interrupt is not None and first_interrupt is None:
-                first_interrupt = interrupt
+            if interrupt is not None:
+                interrupts.append(interrupt)
         result = tuple(all_failures) if all_failures else NO_FAILURES
-        if first_interrupt is not None:
-            _reraise(first_interrupt, result)
+        if interrupts:
+            _reraise(interrupts[0], result, interrupts[1:])
         return result
 
     def lose_worker(self, worker: int) -> Failures:
         """The worker is gone: compensate its PREPARING and ACTIVE dispatches
         and forget its object cache. A COMMITTING one stays: its result is
         in hand."""
-        self._check_worker(worker)
+        worker = self._check_worker(worker)
         victims: list[Transaction] = []
         txn = self._heads[worker]
         while txn is not None:
@@ -625,7 +673,7 @@ class DispatchTables:
             ]
             txns.sort(key=lambda txn: txn._id)
             return iter(txns)
-        self._check_worker(worker)
+        worker = self._check_worker(worker)
         txns = []
         txn = self._heads[worker]
         while txn is not None:
@@ -637,6 +685,7 @@ class DispatchTables:
     def sent_before(self, cutoff: float) -> Iterator[Transaction]:
         """A snapshot of the ACTIVE dispatches sent before `cutoff`, oldest
         first; O(expired)."""
+        cutoff = _as_time(cutoff)
         expired = []
         txn = self._sent_head
         while txn is not None and txn._sent_at is not None and txn._sent_at < cutoff:
@@ -646,7 +695,7 @@ class DispatchTables:
 
     def missing(self, worker: int, object_ids: Iterable[str]) -> list[str]:
         """The ids the worker is not known to hold, in the order given."""
-        self._check_worker(worker)
+        worker = self._check_worker(worker)
         cache = self._caches[worker]
         if cache is None:
             return list(object_ids)

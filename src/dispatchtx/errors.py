@@ -8,7 +8,7 @@ is loaded. This module imports nothing of dispatchtx.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, IntEnum
 from typing import Final, final
 
@@ -84,6 +84,9 @@ class WorkerBusy(DispatchError):
         self.in_flight = in_flight
         self.max_in_flight = max_in_flight
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.worker, self.in_flight, self.max_in_flight))
+
 
 class IllegalMove(DispatchError):
     """A move from the wrong phase; nothing was moved.
@@ -101,6 +104,10 @@ class IllegalMove(DispatchError):
         self.dispatch_id = dispatch_id
         self.move = move
         self.phase = phase
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.dispatch_id, self.move, self.phase, self.detail))
 
 
 class UnknownDispatch(DispatchError):
@@ -118,6 +125,9 @@ class UnknownDispatch(DispatchError):
         self.dispatch_id = dispatch_id
         self.phase = phase
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.dispatch_id, self.phase))
+
 
 class WrongWorker(DispatchError):
     """A result for a dispatch that another worker holds: count, drop."""
@@ -130,6 +140,9 @@ class WrongWorker(DispatchError):
         self.dispatch_id = dispatch_id
         self.expected = expected
         self.got = got
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.dispatch_id, self.expected, self.got))
 
 
 class CompensationError(DispatchError, ExceptionGroup[Exception]):
@@ -149,9 +162,30 @@ class CompensationError(DispatchError, ExceptionGroup[Exception]):
     def __init__(self, message: str, failures: Sequence[CompensationFailure]) -> None:
         super().__init__(message, [failure.error for failure in failures])
 
-    def derive(self, excs: Sequence[Exception]) -> CompensationError:  # type: ignore[override]
-        kept = [f for f in self.failures if any(f.error is e for e in excs)]
+    def derive(  # type: ignore[override]
+        self, excs: Sequence[Exception]
+    ) -> CompensationError | ExceptionGroup[Exception]:
+        # `except*` hands back the matching errors in their original order;
+        # a failure whose error is itself a group comes back as a split of
+        # that group, so pair them up in order rather than by identity.
+        kept: list[CompensationFailure] = []
+        failures = iter(self.failures)
+        for error in excs:
+            for failure in failures:
+                if failure.error is error:
+                    kept.append(failure)
+                    break
+                if isinstance(failure.error, BaseExceptionGroup) and isinstance(
+                    error, BaseExceptionGroup
+                ):
+                    kept.append(replace(failure, error=error))
+                    break
+        if len(kept) != len(excs):  # cannot happen through except*; stay a valid group
+            return ExceptionGroup(self.message, list(excs))
         return CompensationError(self.message, kept)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.failures))
 
 
 def raise_failures(failures: Failures, message: str) -> None:
