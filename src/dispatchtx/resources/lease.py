@@ -75,8 +75,13 @@ class WorkLeases:
         """Claim `work_id` for this dispatch; `Unavailable` if it cannot be
         claimed now (held by another, committing, done or quarantined)."""
         require_preparing(txn, "claim work")
+        if work_id in self._held:
+            raise Unavailable(f"work item {work_id!r} is already leased by this coordinator")
         result = self._store.try_claim(work_id, now)
-        if result.outcome is not ClaimOutcome.CLAIMED or result.token is None:
+        # ALREADY_HELD: an earlier claim of ours whose outcome we never learned
+        # (its reply was lost, or the call failed after the link): adopt it.
+        usable = (ClaimOutcome.CLAIMED, ClaimOutcome.ALREADY_HELD)
+        if result.outcome not in usable or result.token is None:
             raise Unavailable(f"work item {work_id!r} cannot be claimed: {result.outcome.value}")
         lease = WorkLease(work_id, result.token, txn.id)
         self._held[work_id] = lease

@@ -1,0 +1,434 @@
+"""The coordinator ("master"): dispatch through the tables, fence results in
+the shared store, triage inside the committing boundary, roll forward what
+others left COMMITTING (DESIGN.md §1, §4-§6).
+
+It never calls mpi4py itself: it talks to a `Transport` (MPI or the
+simulator), so the simulator runs this very code. Time comes from the
+transport's clock; the store and the journal reach the disk through `fs`.
+
+One pass of `step()`:
+1. retry the triage of dispatches parked COMMITTING;
+2. dispatch to every free worker: claim the item in the store, reserve every
+   resource through its adapter inside `tables.dispatch()`, build the
+   message (object contents only for ids the worker lacks), send, `sent()`;
+3. take results: `match`, `begin_commit` (the fence), then triage in
+   `tables.committing()`; a fenced-out result runs the after-send discards;
+4. find hung workers by their deadline and `lose_worker` them;
+5. heartbeat the leases held, and roll forward items a stalled peer (or an
+   earlier incarnation of this coordinator) left COMMITTING.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dispatchtx import (
+    CompensationError,
+    DispatchTables,
+    Transaction,
+    UnknownDispatch,
+    WrongWorker,
+)
+from dispatchtx.faults import FaultPlan, FaultPoint, InjectedFault
+from dispatchtx.objects import StoreError, StoreIOError
+from dispatchtx.resources import Leak, Unavailable
+from dispatchtx.resources.lease import WorkLease, WorkLeases
+from dispatchtx.store import (
+    CommitOutcome,
+    CompleteOutcome,
+    ItemStatus,
+    OutcomeUnknown,
+    WorkStore,
+)
+from dispatchtx.transport import Result, Transport, Work
+
+__all__ = ["Coordinator", "CoordinatorConfig", "Workload"]
+
+log = logging.getLogger("dispatchtx.coordinator")
+
+# Dispatch ids of incarnation n start at n << ID_SHIFT: a restarted
+# coordinator never reuses one.
+ID_SHIFT = 40
+
+
+class Workload(Protocol):
+    """What a coordinator dispatches and how results are triaged."""
+
+    def take(self) -> str | None:
+        """The next work id to start, or None when nothing is startable now."""
+        ...
+
+    def give_back(self, work_id: str) -> None:
+        """A taken item was not done: offer it again later."""
+        ...
+
+    def done(self, work_id: str) -> None:
+        """The item is done in the store (by this coordinator or another);
+        idempotent, and it takes the item out of the queue if it is there."""
+        ...
+
+    def drop(self, work_id: str, reason: str) -> None:
+        """The item will never be done (quarantined); idempotent, like done."""
+        ...
+
+    def remaining(self) -> int:
+        """Items not yet done or dropped."""
+        ...
+
+    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+        """Reserve the local resources of one dispatch through their adapters
+        (each registering its compensation); return the message payload and
+        the ids of the objects the worker needs."""
+        ...
+
+    def object_content(self, object_id: str) -> bytes: ...
+
+    def triage(self, work_id: str, token: int, result: bytes, *, owner: bool) -> None:
+        """Apply a committed result. Idempotent per (item, token): shared
+        effects may be applied by anyone; local effects (reward, feedback,
+        verdict) only when `owner`, once. May raise: it is retried."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    coordinator_id: str
+    max_in_flight: int = 1
+    # A dispatch unanswered this long is discarded (its result may have been
+    # lost); a worker that misses `strikes` deadlines in a row is lost (a hung
+    # rank, a crashed worker).
+    deadline: float = 5.0
+    strikes: int = 3
+    poll_timeout: float = 0.001
+    # How often leases are heartbeated and stalled peers looked for; None:
+    # a third of the store's TTL.
+    heartbeat_every: float | None = None
+
+
+@dataclass
+class CoordinatorStats:
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    work_id: str
+    token: int
+    result: bytes
+
+
+class Coordinator:
+    """One coordinator incarnation."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        transport: Transport,
+        store: WorkStore,
+        workload: Workload,
+        *,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        self.config = config
+        self.transport = transport
+        self.store = store
+        self.workload = workload
+        self.faults = faults or FaultPlan.none()
+        self.incarnation = store.register(config.coordinator_id)
+        self.tables = DispatchTables(
+            transport.n_workers,
+            max_in_flight=config.max_in_flight,
+            first_id=self.incarnation << ID_SHIFT,
+        )
+        self.leases = WorkLeases(self.tables, store)
+        # The item itself is a reservation: given back to the workload by the
+        # undo and the discard, marked done on commit.
+        self._item = self.tables.compensation(
+            "work-item", workload.give_back, workload.give_back, workload.done
+        )
+        # So is a worker's slot: free again when the dispatch is compensated
+        # (unless the worker is lost) or passes the fence (its result is in).
+        self._slot = self.tables.compensation("worker-slot", self._free_slot, self._free_slot)
+        self._free_slots: deque[int] = deque(
+            worker for _ in range(config.max_in_flight) for worker in range(transport.n_workers)
+        )
+        self.stats = CoordinatorStats()
+        self.lost_workers: set[int] = set()
+        self._strikes: Counter[int] = Counter()
+        self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
+        self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
+        self._next_heartbeat = float("-inf")
+        self._recovered = False
+        interval = config.heartbeat_every
+        self._heartbeat_every = store.ttl / 3 if interval is None else interval
+
+    # -- the loop ------------------------------------------------------------
+
+    def run(self, *, max_steps: int | None = None) -> None:
+        """Step until every item is done or dropped and nothing is in flight."""
+        steps = 0
+        while self.workload.remaining() or len(self.tables):
+            self.step()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                raise RuntimeError(f"not done after {steps} steps: {self.tables!r}")
+
+    def step(self) -> None:
+        if not self._recovered:
+            self.roll_forward()
+            self._recovered = True
+        self._retry_parked()
+        self._dispatch_to_free_workers()
+        for worker, message in self.transport.poll(self.config.poll_timeout):
+            self._on_message(worker, message)
+        now = self.transport.now()
+        self._sweep_lost_workers(now)
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self._heartbeat_every
+            self._heartbeat()
+            self.roll_forward()
+
+    def shutdown(self) -> None:
+        """Compensate every PREPARING and ACTIVE dispatch, finish what is
+        COMMITTING (or leave it to recovery if its triage keeps failing),
+        and stop the workers."""
+        failures = self.tables.shutdown()
+        self.stats.counts["compensation failures"] += len(failures)
+        for failure in failures:
+            log.warning("shutdown: %s", failure)
+        self._retry_parked()
+        self.transport.stop_workers()
+
+    # -- dispatching ---------------------------------------------------------
+
+    def _free_slot(self, worker: int) -> None:
+        if worker not in self.lost_workers:
+            self._free_slots.append(worker)
+
+    def _dispatch_to_free_workers(self) -> None:
+        # O(dispatches made): free slots are kept, never searched for.
+        for _ in range(len(self._free_slots)):
+            work_id = self.workload.take()
+            if work_id is None:
+                return
+            self._dispatch(self._free_slots.popleft(), work_id)
+
+    def _dispatch(self, worker: int, work_id: str) -> None:
+        now = self.transport.now()
+        faults = self.faults
+        try:
+            with self.tables.dispatch(worker, tag=work_id) as txn:
+                txn.add(self._slot, worker)
+                txn.add(self._item, work_id)
+                lease = self._claim(txn, work_id, now)
+                if lease is None:
+                    self.tables.abort(txn.id)  # gives the slot and the item back
+                    self._refused(work_id)
+                    return
+                txn.tag = (work_id, lease.token)
+                faults.check(FaultPoint.SEND_AFTER_CLAIM)
+                payload, object_ids = self.workload.reserve(txn, worker, work_id)
+                faults.check(FaultPoint.SEND_AFTER_RESERVATIONS)
+                missing = self.tables.missing(worker, object_ids)
+                txn.ship(missing)
+                faults.check(FaultPoint.MESSAGE_BUILD)
+                work = Work(
+                    txn.id,
+                    work_id,
+                    lease.token,
+                    payload,
+                    {oid: self.workload.object_content(oid) for oid in missing},
+                )
+                if missing:
+                    faults.check(FaultPoint.OBJECT_TRANSFER)
+                faults.check(FaultPoint.SEND)
+                self.transport.send(worker, work)
+                self.tables.sent(txn.id, now)
+                self.stats.counts["dispatches"] += 1
+                self.stats.counts["objects shipped"] += len(missing)
+                if faults.fires(FaultPoint.AMBIGUOUS_SEND):
+                    # Delivered, but the coordinator saw an error: the dispatch
+                    # is ACTIVE, so the boundary discards it after send.
+                    raise ConnectionError("injected: ambiguous send")
+        except Exception as error:
+            self.stats.counts["dispatch failures"] += 1
+            log.info("dispatch of %r to worker %d failed: %s", work_id, worker, error)
+
+    def _claim(self, txn: Transaction, work_id: str, now: float) -> WorkLease | None:
+        try:
+            return self.leases.reserve(txn, work_id, now)
+        except Unavailable:
+            return None
+
+    def _refused(self, work_id: str) -> None:
+        """The store would not let us claim the item: learn why."""
+        status = self.store.read(work_id).status
+        self.stats.counts[f"claim refused: {status.value}"] += 1
+        if status is ItemStatus.DONE:
+            self.workload.done(work_id)
+        elif status is ItemStatus.QUARANTINED:
+            self.workload.drop(work_id, "quarantined")
+
+    # -- results ---------------------------------------------------------------
+
+    def _on_message(self, worker: int, message: Result | bytes) -> None:
+        self._strikes[worker] = 0  # it answers, even garbled or late: not hung
+        if isinstance(message, bytes):
+            self.stats.counts["malformed results dropped"] += 1
+            log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
+            return
+        try:
+            txn = self.tables.match(worker, message.dispatch_id)
+        except (UnknownDispatch, WrongWorker) as error:
+            self.stats.counts["stale or duplicate results dropped"] += 1
+            log.info("dropped a result from worker %d: %s", worker, error)
+            return
+        if txn.tag != (message.item, message.token):
+            self.stats.counts["mismatched results dropped"] += 1
+            self._fenced_out(txn.id)
+            return
+        if not message.ok:
+            self.stats.counts["task errors"] += 1
+            self._fenced_out(txn.id)
+            return
+        outcome = self._begin_commit(message.item, message.token, message.result)
+        if outcome is CommitOutcome.FENCED_OUT:
+            self.stats.counts["fenced out"] += 1
+            self._fenced_out(txn.id)
+            return
+        self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
+        self._committed[txn.id] = _Committed(message.item, message.token, message.result)
+        self.tables.fence_passed(txn.id)
+        self._free_slot(worker)  # the result is in hand: the worker is free (D1)
+        self._commit(txn.id)
+
+    def _begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
+        """The fence. An ambiguous outcome is resolved before anything else:
+        the dispatch stays ACTIVE (never swept) until it is known."""
+        while True:
+            try:
+                self.faults.check(FaultPoint.BEGIN_COMMIT_EIO)
+                outcome = self.store.begin_commit(work_id, token, result)
+            except (OutcomeUnknown, StoreIOError, OSError, InjectedFault) as error:
+                # Calling again settles it: the store kept our nonce.
+                self.stats.counts["begin_commit retried"] += 1
+                log.info("begin_commit of %r unresolved, retrying: %s", work_id, error)
+                continue
+            if outcome is CommitOutcome.DUPLICATE:
+                # This token's commit is already there (an earlier attempt's):
+                # the store holds that result; triage it.
+                return CommitOutcome.COMMITTED
+            return outcome
+
+    def _fenced_out(self, dispatch_id: int) -> None:
+        failures = self.tables.fenced_out(dispatch_id)
+        self.stats.counts["compensation failures"] += len(failures)
+        for failure in failures:
+            log.info("discard: %s", failure)
+
+    def _commit(self, dispatch_id: int) -> None:
+        committed = self._committed[dispatch_id]
+        try:
+            with self.tables.committing(dispatch_id):
+                self._triage(committed, owner=True)
+        except CompensationError as error:
+            # COMMITTED; a release failed and was recorded.
+            self.stats.counts["compensation failures"] += len(error.failures)
+        except Exception as error:
+            self.stats.counts["triage failures"] += 1
+            log.info("triage of dispatch %d failed, parked for a retry: %s", dispatch_id, error)
+            if dispatch_id not in self._parked:
+                self._parked.append(dispatch_id)
+            return
+        del self._committed[dispatch_id]
+        self.stats.counts["committed"] += 1
+
+    def _triage(self, committed: _Committed, *, owner: bool) -> None:
+        faults = self.faults
+        faults.check(FaultPoint.TRIAGE_EIO)
+        faults.kill_point(FaultPoint.KILL_MID_TRIAGE)
+        self.workload.triage(committed.work_id, committed.token, committed.result, owner=owner)
+        faults.kill_point(FaultPoint.KILL_AFTER_TRIAGE)
+        faults.check(FaultPoint.COMPLETE_EIO)
+        outcome = self.store.complete(committed.work_id, committed.token)
+        if outcome is CompleteOutcome.FENCED_OUT:
+            raise RuntimeError(f"complete({committed.work_id!r}) fenced out after its commit")
+        faults.kill_point(FaultPoint.KILL_AFTER_COMPLETE)
+
+    def _retry_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        for dispatch_id in parked:
+            self.stats.counts["triage retries"] += 1
+            self._commit(dispatch_id)
+
+    # -- lost workers, heartbeats, recovery ------------------------------------
+
+    def _sweep_lost_workers(self, now: float) -> None:
+        lost = set(self.transport.take_lost_workers())
+        for txn in self.tables.sent_before(now - self.config.deadline):
+            if txn.worker in lost or self.tables.get(txn.id) is None:
+                continue
+            self._strikes[txn.worker] += 1
+            if self._strikes[txn.worker] >= self.config.strikes:
+                lost.add(txn.worker)
+            else:
+                self.stats.counts["deadlines missed"] += 1
+                self._fenced_out(txn.id)
+        for worker in sorted(lost - self.lost_workers):
+            self.lost_workers.add(worker)
+            self.stats.counts["workers lost"] += 1
+            failures = self.tables.lose_worker(worker)
+            self.stats.counts["compensation failures"] += len(failures)
+            log.warning("worker %d lost; its dispatches were compensated", worker)
+
+    def _heartbeat(self) -> None:
+        try:
+            lost = self.leases.heartbeat_all()
+        except StoreError as error:  # advisory: the next round tries again
+            self.stats.counts["heartbeat failures"] += 1
+            log.info("heartbeat failed: %s", error)
+            return
+        self.stats.counts["leases found lost"] += len(lost)
+
+    def roll_forward(self) -> int:
+        """Finish every item a stalled owner (or an earlier incarnation of
+        this coordinator) left COMMITTING: rerun triage from the stored
+        result, then complete. Returns how many were rolled forward."""
+        rolled = 0
+        try:
+            candidates = self.store.roll_forward_candidates(self.transport.now())
+        except StoreError as error:
+            self.stats.counts["roll-forward failures"] += 1
+            log.info("looking for items to roll forward failed: %s", error)
+            return 0
+        for candidate in candidates:
+            owner = candidate.state.owner
+            mine = owner is not None and owner.coordinator == self.config.coordinator_id
+            committed = _Committed(candidate.work_id, candidate.token, candidate.result)
+            try:
+                self._triage(committed, owner=mine)
+            except Exception as error:
+                self.stats.counts["roll-forward failures"] += 1
+                log.info("rolling %r forward failed, will retry: %s", candidate.work_id, error)
+                continue
+            self.workload.done(candidate.work_id)
+            rolled += 1
+            self.stats.counts["rolled forward" if mine else "rolled forward for a peer"] += 1
+        return rolled
+
+    # -- audit ---------------------------------------------------------------------
+
+    def leaks(self) -> list[Leak]:
+        """What this coordinator still holds once every dispatch ended."""
+        leaks = self.leases.leaks()
+        leaks.extend(
+            Leak("tables", "dispatch", f"{txn.id}:{txn.phase.name}", txn.id)
+            for txn in self.tables.in_flight()
+        )
+        return leaks

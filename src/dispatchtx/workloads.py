@@ -1,0 +1,146 @@
+"""A small self-checking workload for the coordinator, the simulator and
+tests: each item hashes its payload with one shared object's content.
+
+Triage is idempotent per (item, token) and counts what a run must never do:
+apply an item's local effect twice, or commit two different tokens of one
+item (the store's fence forbids both). The "shared effect" (the item's
+digest, as the corpus would be) may be applied again by anyone: that is a
+rerun, counted but harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dispatchtx import Transaction
+from dispatchtx.objects import object_id_of
+from dispatchtx.transport import Work
+
+__all__ = ["HashWorkload", "TriageLedger", "hash_task"]
+
+
+def hash_task(work: Work, objects: Mapping[str, bytes]) -> bytes:
+    """The worker's task: sha256(payload + the object it names)."""
+    payload = work.payload
+    if not isinstance(payload, list) or len(payload) != 2:
+        raise ValueError(f"expected [text, object id], got {payload!r}")
+    text, object_id = payload
+    return hashlib.sha256(str(text).encode() + objects[str(object_id)]).digest()
+
+
+@dataclass
+class TriageLedger:
+    """What triage did, shared by every coordinator of one run (as the
+    corpus on the shared filesystem would be)."""
+
+    digests: dict[str, bytes] = field(default_factory=dict)  # the shared effect
+    committed_token: dict[str, int] = field(default_factory=dict)
+    # The owner's local effects, once per (item, commit slot); in a real
+    # coordinator this ledger is journaled, so it survives a restart.
+    local_applied: Counter[tuple[str, int]] = field(default_factory=Counter)
+    triage_runs: Counter[tuple[str, int]] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def reruns(self) -> int:
+        return sum(runs - 1 for runs in self.triage_runs.values())
+
+
+class HashWorkload:
+    """`n_items` items over `n_objects` shared contents."""
+
+    def __init__(
+        self,
+        n_items: int,
+        *,
+        n_objects: int = 4,
+        prefix: str = "item",
+        ledger: TriageLedger | None = None,
+    ) -> None:
+        self.contents = [f"object {i}".encode() * 8 for i in range(n_objects)]
+        self.object_ids = [object_id_of(content) for content in self.contents]
+        self._by_id = dict(zip(self.object_ids, self.contents, strict=True))
+        self.items = [f"{prefix}-{i}" for i in range(n_items)]
+        self._queue: deque[str] = deque(self.items)
+        self._status = dict.fromkeys(self.items, "pending")
+        self.ledger = TriageLedger() if ledger is None else ledger
+        self.dropped: dict[str, str] = {}
+
+    # -- the queue --------------------------------------------------------------
+
+    def take(self) -> str | None:
+        while self._queue:
+            work_id = self._queue.popleft()
+            if self._status[work_id] == "pending":
+                self._status[work_id] = "taken"
+                return work_id
+        return None
+
+    def give_back(self, work_id: str) -> None:
+        if self._status.get(work_id) == "taken":
+            self._status[work_id] = "pending"
+            self._queue.append(work_id)
+
+    def done(self, work_id: str) -> None:
+        if work_id in self._status:
+            self._status[work_id] = "done"
+
+    def drop(self, work_id: str, reason: str) -> None:
+        if self._status.get(work_id) != "done":
+            self._status[work_id] = "dropped"
+            self.dropped[work_id] = reason
+
+    def remaining(self) -> int:
+        return sum(1 for status in self._status.values() if status in ("pending", "taken"))
+
+    def status(self, work_id: str) -> str:
+        return self._status[work_id]
+
+    # -- a dispatch --------------------------------------------------------------
+
+    def object_for(self, work_id: str) -> str:
+        index = int(hashlib.sha256(work_id.encode()).hexdigest(), 16) % len(self.object_ids)
+        return self.object_ids[index]
+
+    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+        object_id = self.object_for(work_id)
+        return [work_id, object_id], [object_id]
+
+    def object_content(self, object_id: str) -> bytes:
+        return self._by_id[object_id]
+
+    def expected(self, work_id: str) -> bytes:
+        content = self._by_id[self.object_for(work_id)]
+        return hashlib.sha256(work_id.encode() + content).digest()
+
+    # -- triage --------------------------------------------------------------------
+
+    def triage(self, work_id: str, token: int, result: bytes, *, owner: bool) -> None:
+        ledger = self.ledger
+        key = (work_id, token)
+        ledger.triage_runs[key] += 1
+        if result != self.expected(work_id):
+            ledger.violations.append(f"{work_id}: wrong result committed")
+        earlier = ledger.committed_token.setdefault(work_id, token)
+        if earlier != token:
+            ledger.violations.append(f"{work_id}: committed with tokens {earlier} and {token}")
+        ledger.digests[work_id] = result  # shared: idempotent, anyone may apply
+        if owner and not ledger.local_applied[key]:
+            # local: once per (item, commit slot); a rerun applies nothing
+            ledger.local_applied[key] += 1
+
+    # Shortcuts for tests.
+    @property
+    def violations(self) -> list[str]:
+        return self.ledger.violations
+
+    @property
+    def digests(self) -> dict[str, bytes]:
+        return self.ledger.digests
+
+    @property
+    def reruns(self) -> int:
+        return self.ledger.reruns

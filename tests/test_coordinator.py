@@ -1,0 +1,185 @@
+"""The coordinator over the simulated transport, with the store on the
+simulated disk: the normal flow and each fault point (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.fs import SimulatedFS
+from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.transport import SimFaults, SimulatedTransport
+from dispatchtx.workloads import HashWorkload, hash_task
+
+ROOT = "/store"
+
+
+class TransportClock:
+    """The store reads time from the simulated transport's virtual clock."""
+
+    def __init__(self, transport: SimulatedTransport) -> None:
+        self._transport = transport
+
+    def monotonic(self) -> float:
+        return self._transport.now()
+
+    def wall(self) -> float:
+        return 1.7e9 + self._transport.now()
+
+
+@dataclass
+class World:
+    transport: SimulatedTransport
+    fs: SimulatedFS
+    workload: HashWorkload
+    clock: TransportClock
+
+    def store(self, ttl: float = 0.5) -> WorkStore:
+        return WorkStore(self.fs, ROOT, self.clock, ttl=ttl, retry_pause=lambda seconds: None)
+
+    def coordinator(
+        self, plan: FaultPlan | None = None, *, max_in_flight: int = 1, deadline: float = 2.0
+    ) -> Coordinator:
+        config = CoordinatorConfig("coord-a", max_in_flight=max_in_flight, deadline=deadline)
+        return Coordinator(config, self.transport, self.store(), self.workload, faults=plan)
+
+
+def make_world(
+    *, workers: int = 3, items: int = 24, seed: int = 0, faults: SimFaults | None = None
+) -> World:
+    transport = SimulatedTransport(workers, hash_task, seed=seed, faults=faults or SimFaults())
+    return World(transport, SimulatedFS(seed=seed), HashWorkload(items), TransportClock(transport))
+
+
+def assert_clean_end(world: World, coordinator: Coordinator) -> None:
+    coordinator.shutdown()
+    workload = world.workload
+    assert workload.violations == []
+    assert workload.remaining() == 0
+    assert coordinator.leaks() == []
+    statuses = {state.status for state in coordinator.store.items()}
+    assert statuses <= {ItemStatus.DONE, ItemStatus.QUARANTINED}
+    done = [item for item in workload.items if workload.status(item) == "done"]
+    assert len(done) + len(workload.dropped) == len(workload.items)
+    for item in done:
+        assert workload.digests[item] == workload.expected(item)
+
+
+def test_normal_flow_commits_every_item_once_and_leaks_nothing() -> None:
+    world = make_world()
+    coordinator = world.coordinator()
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+    assert coordinator.stats["committed"] == 24
+    assert coordinator.stats["dispatches"] == 24
+    assert world.workload.reruns == 0
+
+
+def test_pipelining_keeps_several_dispatches_in_flight_per_worker() -> None:
+    world = make_world(workers=2, items=40)
+    coordinator = world.coordinator(max_in_flight=4)
+    coordinator.step()
+    assert len(list(coordinator.tables.in_flight())) == 8
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+
+
+def test_objects_are_shipped_once_per_worker() -> None:
+    world = make_world(workers=2, items=30)
+    coordinator = world.coordinator()
+    coordinator.run(max_steps=10_000)
+    # 4 shared objects, 2 workers: each worker gets each content at most once
+    assert coordinator.stats["objects shipped"] <= 8
+    assert_clean_end(world, coordinator)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        FaultPoint.SEND_AFTER_CLAIM,
+        FaultPoint.SEND_AFTER_RESERVATIONS,
+        FaultPoint.MESSAGE_BUILD,
+        FaultPoint.OBJECT_TRANSFER,
+        FaultPoint.SEND,
+        FaultPoint.AMBIGUOUS_SEND,
+        FaultPoint.BEGIN_COMMIT_EIO,
+        FaultPoint.TRIAGE_EIO,
+        FaultPoint.COMPLETE_EIO,
+    ],
+)
+def test_each_fault_point_is_compensated_and_the_run_still_completes(point: FaultPoint) -> None:
+    world = make_world(seed=3)
+    plan = FaultPlan({point: 0.2}, seed=3, at_least_once=[point])
+    coordinator = world.coordinator(plan)
+    coordinator.run(max_steps=20_000)
+    assert plan.fired[point] >= 1
+    assert_clean_end(world, coordinator)
+
+
+def test_a_failed_first_transfer_carries_the_content_again() -> None:
+    world = make_world(workers=1, items=3)
+    plan = FaultPlan(at_least_once=[FaultPoint.OBJECT_TRANSFER])
+    coordinator = world.coordinator(plan)
+    coordinator.run(max_steps=10_000)
+    assert plan.fired[FaultPoint.OBJECT_TRANSFER] == 1
+    assert coordinator.stats["dispatch failures"] == 1
+    assert_clean_end(world, coordinator)  # the worker computed with the content
+
+
+def test_stale_duplicate_lost_and_garbled_results_are_dropped_and_redone() -> None:
+    faults = SimFaults(duplicate=0.2, stale=0.05, loss=0.05, garble=0.05, stale_seconds=5.0)
+    world = make_world(seed=7, items=30, faults=faults)
+    for fault in ("duplicate", "stale", "loss", "garble"):
+        world.transport.force(fault)
+    coordinator = world.coordinator(deadline=1.0)
+    coordinator.run(max_steps=50_000)
+    stats = world.transport.stats
+    assert stats["duplicate"] and stats["loss"] and stats["garble"] and stats["stale"]
+    assert coordinator.stats["stale or duplicate results dropped"] >= 1
+    # every garbled message that arrived was counted and dropped, none crashed us
+    assert coordinator.stats["malformed results dropped"] == stats["malformed_delivered"]
+    assert_clean_end(world, coordinator)
+
+
+def test_a_crashed_worker_is_lost_and_its_dispatch_redone_elsewhere() -> None:
+    world = make_world(workers=3, items=20)
+    coordinator = world.coordinator()
+    coordinator.step()
+    world.transport.crash(1)
+    coordinator.run(max_steps=10_000)
+    assert coordinator.lost_workers == {1}
+    assert coordinator.stats["workers lost"] == 1
+    assert_clean_end(world, coordinator)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        FaultPoint.KILL_AFTER_STORE_COMMIT,
+        FaultPoint.KILL_MID_TRIAGE,
+        FaultPoint.KILL_AFTER_TRIAGE,
+        FaultPoint.KILL_AFTER_COMPLETE,
+    ],
+)
+def test_a_coordinator_killed_at_a_commit_stage_is_rolled_forward_by_its_restart(
+    point: FaultPoint,
+) -> None:
+    world = make_world(items=12)
+    plan = FaultPlan(at_least_once=[point])
+    first = world.coordinator(plan)
+    with pytest.raises(CoordinatorKilled):
+        first.run(max_steps=10_000)
+    # The process died: its tables and leases are gone; the store, the disk
+    # (process kill: the page cache survives) and the workers remain.
+    world.fs.crash("process")
+    for item in world.workload.items:
+        if world.workload.status(item) == "taken":
+            world.workload.give_back(item)
+    restarted = world.coordinator()
+    assert restarted.incarnation == first.incarnation + 1
+    restarted.run(max_steps=10_000)
+    assert_clean_end(world, restarted)
+    assert world.workload.violations == []
