@@ -1293,3 +1293,21 @@ def test_a_sigstopped_holder_resumes_and_is_fenced_out(tmp_path: Path) -> None:
         if holder.is_alive():
             holder.kill()
     assert holder.exitcode == 0
+
+
+def test_a_stale_absent_heartbeat_read_does_not_restart_the_watch(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    """Found by the simulator: a dead holder's claim was never taken over,
+    because every stale "absent" look-up of its counter looked like a beat."""
+    holder = make_store(fs, clock, "holder")
+    claimer = make_store(fs, clock, "claimer")
+    assert holder.claim(WORK) == 1
+    assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # the watch starts
+    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="/hb."))
+    clock.advance(EXPIRY / 2)
+    assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # reads "absent": no beat
+    fs.fault = None
+    clock.advance(EXPIRY / 2)
+    result = claimer.try_claim(WORK)
+    assert (result.outcome, result.token) == (ClaimOutcome.CLAIMED, 2)

@@ -1285,9 +1285,22 @@ class WorkStore:
         a changed counter restarts the watch."""
         seen = self._read_heartbeat(key, token)
         watched = self._watch.get(key)
-        if watched is None or watched[0] != token or watched[1] != seen:
+        if watched is None or watched[0] != token:
             self._watch[key] = (token, seen, now)
             return False
+        if seen != watched[1]:
+            if seen is None:
+                # "Absent" may be a stale negative look-up (NFS, or a fault):
+                # it is no sign of life, and it must not restart the watch,
+                # or a dead holder's claim could never be taken over.
+                pass
+            elif watched[1] is None:
+                # The counter shows up after an absent look-up: still the
+                # first value seen, no beat.
+                self._watch[key] = (token, seen, watched[2])
+            else:
+                self._watch[key] = (token, seen, now)  # it beat: alive
+                return False
         return now - watched[2] >= self._ttl + self._margin
 
     def _read_heartbeat(self, key: str, token: int) -> object:
