@@ -16,7 +16,18 @@ def main(argv: list[str] | None = None) -> int:
     example.add_argument("--tasks", type=int, default=500)
     example.add_argument("--fault-every", type=int, default=7)
     example.add_argument("--timeout", type=float, default=300.0)
+    simulate = commands.add_parser(
+        "simulate", help="randomized fault schedules over the simulated system"
+    )
+    simulate.add_argument("--schedules", type=int, default=1000)
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--json", help="write the report to this file")
     args = parser.parse_args(argv)
+
+    if args.command == "simulate":
+        from dispatchtx import simulate as simulation
+
+        return simulation.main(args.schedules, args.seed, args.json)
 
     if args.command == "example":
         from dispatchtx.launch import run_job

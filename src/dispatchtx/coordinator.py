@@ -214,18 +214,24 @@ class Coordinator:
     def _dispatch_to_free_workers(self) -> None:
         # O(dispatches made): free slots are kept, never searched for.
         for _ in range(len(self._free_slots)):
+            worker = self._free_slots.popleft()
+            if worker in self.lost_workers:
+                continue  # a slot freed before its worker was lost: drop it
             work_id = self.workload.take()
             if work_id is None:
+                self._free_slots.appendleft(worker)
                 return
-            self._dispatch(self._free_slots.popleft(), work_id)
+            self._dispatch(worker, work_id)
 
     def _dispatch(self, worker: int, work_id: str) -> None:
         now = self.transport.now()
         faults = self.faults
+        registered = False
         try:
             with self.tables.dispatch(worker, tag=work_id) as txn:
                 txn.add(self._slot, worker)
                 txn.add(self._item, work_id)
+                registered = True
                 lease = self._claim(txn, work_id, now)
                 if lease is None:
                     self.tables.abort(txn.id)  # gives the slot and the item back
@@ -259,6 +265,9 @@ class Coordinator:
         except Exception as error:
             self.stats.counts["dispatch failures"] += 1
             log.info("dispatch of %r to worker %d failed: %s", work_id, worker, error)
+            if not registered:  # failed before the slot and item had their undo
+                self._free_slot(worker)
+                self.workload.give_back(work_id)
 
     def _claim(self, txn: Transaction, work_id: str, now: float) -> WorkLease | None:
         try:
@@ -374,6 +383,9 @@ class Coordinator:
         for txn in self.tables.sent_before(now - self.config.deadline):
             if txn.worker in lost or self.tables.get(txn.id) is None:
                 continue
+            if txn.worker in self.lost_workers:  # cannot happen; never leave one hanging
+                self._fenced_out(txn.id)
+                continue
             self._strikes[txn.worker] += 1
             if self._strikes[txn.worker] >= self.config.strikes:
                 lost.add(txn.worker)
@@ -386,6 +398,19 @@ class Coordinator:
             failures = self.tables.lose_worker(worker)
             self.stats.counts["compensation failures"] += len(failures)
             log.warning("worker %d lost; its dispatches were compensated", worker)
+
+    def readmit(self, worker: int) -> None:
+        """A lost worker is back (restarted by its launcher, or it answered
+        after all): give it its slots again, with an empty object cache."""
+        if worker not in self.lost_workers:
+            return
+        self.lost_workers.discard(worker)
+        self._strikes[worker] = 0
+        # Its stale free slots are still queued: count them, and add the rest.
+        occupied = sum(1 for txn in self.tables.in_flight(worker) if txn.phase.value <= 1)
+        queued = self._free_slots.count(worker)
+        self._free_slots.extend([worker] * (self.config.max_in_flight - occupied - queued))
+        self.stats.counts["workers readmitted"] += 1
 
     def _heartbeat(self) -> None:
         try:

@@ -1,0 +1,373 @@
+"""Whole-system simulation: coordinators, simulated workers, the shared store
+on a simulated disk, per-host virtual clocks, and random fault schedules
+(DESIGN.md §6). The very same coordinator and store code runs here as on
+real MPI ranks and a real disk.
+
+Each schedule draws its shape (coordinators, workers, items, in-flight
+depth) and its faults (coordinator fault points, transport faults, disk
+faults, coordinator kills with a process kill or a power loss, one
+coordinator killed for good) from one seed, runs until every item is done
+or quarantined, and checks:
+
+- nothing leaked: no lease, dispatch or reservation held by a live
+  coordinator; no item left CLAIMED or COMMITTING in the store;
+- nothing applied twice: no item committed under two tokens, no local
+  effect applied twice for one (item, commit slot), no wrong result;
+- every item done (or quarantined, and reported);
+- no false object-cache hit: a worker never ran a task without the object
+  content it needed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.fs import Fault, FaultKind, Op, SimulatedCrash, SimulatedFS
+from dispatchtx.objects import StoreError
+from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.transport import SimFaults, SimulatedTransport
+from dispatchtx.workloads import HashWorkload, TriageLedger, hash_task
+
+__all__ = ["ScheduleReport", "main", "run_schedule", "run_schedules"]
+
+ROOT = "/store"
+KILL_POINTS: tuple[FaultPoint, ...] = (
+    FaultPoint.KILL_AFTER_STORE_COMMIT,
+    FaultPoint.KILL_MID_TRIAGE,
+    FaultPoint.KILL_AFTER_TRIAGE,
+    FaultPoint.KILL_AFTER_COMPLETE,
+)
+# Disk faults per FS call, and the ones each call can suffer.
+DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
+    Op.READ: (FaultKind.EIO, FaultKind.STALE_ABSENT, FaultKind.ESTALE),
+    Op.EXISTS: (FaultKind.STALE_ABSENT,),
+    Op.WRITE_TEMP: (FaultKind.EIO, FaultKind.ENOSPC),
+    Op.LINK: (FaultKind.EIO, FaultKind.LOST_LINK_REPLY, FaultKind.ESTALE),
+    Op.FSYNC_DIR: (FaultKind.EIO,),
+    Op.PWRITE: (FaultKind.EIO, FaultKind.ENOSPC),
+}
+
+
+# Transport faults, by the names of DESIGN.md §6 where it names them.
+TRANSPORT_FAULTS: dict[str, str] = {
+    "stale": FaultPoint.STALE_RESULT.value,
+    "duplicate": FaultPoint.DUPLICATE_RESULT.value,
+    "crash": "worker-crash",
+    "loss": "result-lost",
+    "reorder": "results-reordered",
+    "garble": "result-garbled",
+    "send_failure": "transport-send-failure",
+    "ambiguous_send": "transport-ambiguous-send",
+}
+
+
+class TransportClock:
+    """A host's clock: its transport's virtual time."""
+
+    def __init__(self, transport: SimulatedTransport, wall_offset: float) -> None:
+        self._transport = transport
+        self.wall_offset = wall_offset
+
+    def monotonic(self) -> float:
+        return self._transport.now()
+
+    def wall(self) -> float:
+        return self.wall_offset + self._transport.now()
+
+
+class RandomDiskFaults:
+    """A fault hook for SimulatedFS: each call fails with probability `rate`."""
+
+    def __init__(self, rng: random.Random, rate: float) -> None:
+        self._rng = rng
+        self.rate = rate
+        self.fired: Counter[str] = Counter()
+
+    def __call__(self, op: Op, path: str) -> Fault | None:
+        kinds = DISK_FAULTS.get(op)
+        if not kinds or self.rate <= 0.0 or self._rng.random() >= self.rate:
+            return None
+        kind = self._rng.choice(kinds)
+        self.fired[f"disk-{kind.name.lower().replace('_', '-')}"] += 1
+        return Fault(kind)
+
+
+@dataclass
+class Host:
+    """One coordinator with its workers (one `mpiexec` job in real runs)."""
+
+    name: str
+    transport: SimulatedTransport
+    clock: TransportClock
+    workload: HashWorkload
+    coordinator: Coordinator | None
+    dead_for_good: bool = False
+
+
+@dataclass
+class ScheduleReport:
+    seed: int
+    schedule: int
+    shape: dict[str, Any]
+    fired: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list, repr=False)  # for debugging a schedule
+
+
+def _restart_state(workload: HashWorkload) -> None:
+    """A killed coordinator's memory is gone: what it had taken is pending
+    again for its next incarnation."""
+    for item in workload.items:
+        if workload.status(item) == "taken":
+            workload.give_back(item)
+
+
+def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> ScheduleReport:
+    rng = random.Random(f"{seed}:{schedule}")
+    n_hosts = rng.choice((1, 1, 2))
+    n_items = rng.randint(4, 16)
+    shape: dict[str, Any] = {
+        "coordinators": n_hosts,
+        "items": n_items,
+        "workers": [rng.randint(1, 4) for _ in range(n_hosts)],
+        "max_in_flight": rng.choice((1, 1, 2, 4)),
+        "disk_fault_rate": rng.choice((0.0, 0.0, 0.01, 0.03)),
+        "kills": rng.randint(0, 2),
+        "kill_one_for_good": n_hosts == 2 and rng.random() < 0.4,
+    }
+    report = ScheduleReport(seed, schedule, shape)
+    disk_faults = RandomDiskFaults(random.Random(rng.random()), shape["disk_fault_rate"])
+    fs = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
+    ttl = 0.5
+    shared_items = HashWorkload(n_items).items
+    # One ledger of triage effects, as the shared corpus would be.
+    ledger = TriageLedger()
+    expected = HashWorkload(n_items)
+    hosts: list[Host] = []
+    for index in range(n_hosts):
+        sim_faults = SimFaults(
+            send_failure=rng.choice((0.0, 0.05)),
+            ambiguous_send=rng.choice((0.0, 0.03)),
+            loss=rng.choice((0.0, 0.03)),
+            duplicate=rng.choice((0.0, 0.1)),
+            reorder=rng.choice((0.0, 0.1)),
+            stale=rng.choice((0.0, 0.03)),
+            garble=rng.choice((0.0, 0.03)),
+            crash=rng.choice((0.0, 0.0, 0.02)),
+            stale_seconds=3.0,
+        )
+        transport = SimulatedTransport(
+            shape["workers"][index], hash_task, seed=rng.randrange(2**32), faults=sim_faults
+        )
+        workload = HashWorkload(n_items, ledger=ledger)
+        clock = TransportClock(transport, 1.7e9 + rng.uniform(-5, 5))
+        hosts.append(Host(f"coord-{index}", transport, clock, workload, None))
+
+    kills_left = shape["kills"]
+    plan_rates: dict[FaultPoint, float] = {
+        point: rng.choice((0.0, 0.02, 0.05))
+        for point in FaultPoint
+        if point not in KILL_POINTS and point is not FaultPoint.WORKER_HUNG
+    }
+
+    def start(host: Host) -> None:
+        plan_seed = rng.randrange(2**32)
+        rates = dict(plan_rates)
+        kill_rng = random.Random(plan_seed)
+        if kills_left > 0:
+            rates[kill_rng.choice(KILL_POINTS)] = 0.1
+        plan = FaultPlan(rates, seed=plan_seed)
+        config = CoordinatorConfig(host.name, max_in_flight=shape["max_in_flight"], deadline=1.0)
+        # A start that hits a disk fault (registering its incarnation) exits
+        # and is started again, as a supervisor would.
+        for _ in range(100):
+            store = WorkStore(fs, ROOT, host.clock, ttl=ttl, retry_pause=lambda seconds: None)
+            try:
+                host.coordinator = Coordinator(
+                    config, host.transport, store, host.workload, faults=plan
+                )
+                return
+            except StoreError:
+                report.counts["failed starts"] += 1
+        raise RuntimeError(f"{host.name} could not start in 100 attempts")
+
+    for host in hosts:
+        start(host)
+
+    def gather(host: Host) -> None:
+        coordinator = host.coordinator
+        if coordinator is None:
+            return
+        report.counts.update(coordinator.stats.counts)
+        for point, count in coordinator.faults.fired.items():
+            report.fired[point.value] += count
+
+    steps = 0
+    killed_for_good = False
+    while True:
+        live = [h for h in hosts if not h.dead_for_good]
+        if all(h.workload.remaining() == 0 for h in live) and all(
+            h.coordinator is not None and len(h.coordinator.tables) == 0 for h in live
+        ):
+            break
+        steps += 1
+        if steps > max_steps:
+            report.violations.append(f"not done after {max_steps} steps (livelock or leak)")
+            break
+        if steps % 500 == 0:
+            # A launcher restarts crashed workers; a worker found lost by its
+            # deadlines but alive rejoins. A revived one has an empty cache.
+            for host in live:
+                if host.coordinator is None:
+                    continue
+                for worker in sorted(host.coordinator.lost_workers):
+                    if host.transport.is_crashed(worker):
+                        host.transport.revive(worker)
+                    host.coordinator.readmit(worker)
+        host = hosts[steps % len(hosts)]
+        if host.dead_for_good or host.coordinator is None:
+            continue
+        try:
+            host.coordinator.step()
+        except (CoordinatorKilled, SimulatedCrash):
+            gather(host)
+            report.fired["coordinator-killed"] += 1
+            kills_left -= 1
+            power = rng.random() < 0.5
+            fs.crash("power" if power else "process")
+            report.fired["power-loss" if power else "process-kill"] += 1
+            report.counts["kills"] += 1
+            if shape["kill_one_for_good"] and not killed_for_good and host is hosts[0]:
+                killed_for_good = True
+                host.dead_for_good = True
+                host.coordinator = None
+                report.fired["killed-for-good"] += 1
+                continue
+            _restart_state(host.workload)
+            start(host)
+        except Exception as error:  # a crash of the code under test is a violation
+            report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
+            break
+
+    for host in hosts:
+        if host.coordinator is not None and not host.dead_for_good:
+            try:
+                host.coordinator.shutdown()
+            except Exception as error:
+                report.violations.append(f"{host.name} shutdown raised {error!r}")
+            gather(host)
+            for leak in host.coordinator.leaks():
+                report.violations.append(f"{host.name} leaked {leak}")
+        for name, count in host.transport.stats.items():
+            if name in TRANSPORT_FAULTS and count:
+                report.fired[TRANSPORT_FAULTS[name]] += count
+    report.fired.update(disk_faults.fired)
+    report.hosts = hosts
+
+    # What must hold after the run, re-derived from the store and the ledger.
+    fs.fault = None
+    store = WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl, retry_pause=lambda seconds: None)
+    for state in store.items():
+        if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED):
+            report.violations.append(f"{state.work_id} left {state.status.value} in the store")
+        if state.status is ItemStatus.QUARANTINED:
+            report.counts["quarantined"] += 1
+    known = {state.work_id for state in store.items()}
+    for item in shared_items:
+        if item not in known:
+            report.violations.append(f"{item} never reached the store")
+        elif store.read(item).status is ItemStatus.DONE:
+            digest = ledger.digests.get(item)
+            if digest != expected.expected(item):
+                report.violations.append(f"{item} is done but its result was never triaged")
+    report.violations.extend(ledger.violations)
+    applied_twice = sum(1 for count in ledger.local_applied.values() if count > 1)
+    if applied_twice:
+        report.violations.append(f"{applied_twice} local effects applied twice")
+    report.counts["triage reruns"] += ledger.reruns
+    if report.counts["task errors"]:
+        report.violations.append(
+            f"{report.counts['task errors']} tasks ran without their object (false cache hit)"
+        )
+    return report
+
+
+@dataclass
+class SimulationSummary:
+    seed: int
+    schedules: int
+    seconds: float = 0.0
+    fired: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+    failed: list[tuple[int, list[str]]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "schedules": self.schedules,
+            "seconds": round(self.seconds, 3),
+            "violations": len(self.failed),  # schedules with at least one
+            "failed_schedules": [{"schedule": n, "violations": v} for n, v in self.failed],
+            "faults_fired": dict(sorted(self.fired.items())),
+            "counts": dict(sorted(self.counts.items())),
+        }
+
+
+def run_schedules(seed: int, schedules: int, *, progress: bool = False) -> SimulationSummary:
+    # Thousands of injected faults each log a line: keep only errors.
+    logging.getLogger("dispatchtx").setLevel(logging.ERROR)
+    summary = SimulationSummary(seed, schedules)
+    started = time.perf_counter()
+    for schedule in range(schedules):
+        report = run_schedule(seed, schedule)
+        summary.fired.update(report.fired)
+        summary.counts.update(report.counts)
+        if report.violations:
+            summary.failed.append((schedule, report.violations))
+        if progress and (schedule % 50 == 0 or schedule == schedules - 1):
+            print(
+                f"\rschedule {schedule + 1}/{schedules}  violations {len(summary.failed)}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+    if progress:
+        print(file=sys.stderr)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def main(schedules: int, seed: int, json_path: str | None) -> int:
+    summary = run_schedules(seed, schedules, progress=True)
+    result = summary.as_json()
+    print(f"simulate: {schedules} schedules, seed {seed}, {summary.seconds:.1f} s")
+    print(f"{'fault point':<32}{'fired':>10}")
+    for name, count in result["faults_fired"].items():
+        print(f"{name:<32}{count:>10}")
+    for name in (
+        "dispatches",
+        "committed",
+        "triage reruns",
+        "rolled forward",
+        "rolled forward for a peer",
+        "kills",
+        "quarantined",
+    ):
+        print(f"{name:<32}{summary.counts[name]:>10}")
+    print(f"violations: {result['violations']}")
+    for schedule, violations in summary.failed[:10]:
+        print(f"  seed {seed} schedule {schedule}: {'; '.join(violations[:3])}")
+    if json_path:
+        with open(json_path, "w") as out:
+            json.dump(result, out, indent=2)
+    return 1 if summary.failed else 0
