@@ -112,3 +112,19 @@ def test_shutdown_abandons_every_lease_held(world: World) -> None:
     statuses = {store.read(w).status for w in ("item-1", "item-2")}
     assert statuses == {ItemStatus.ABANDONED}
     assert leases.leaks() == []
+
+
+def test_an_unsent_dispatch_does_not_count_towards_quarantine(world: World) -> None:
+    _, _, store, tables, leases = world
+    for _ in range(store.quarantine_after + 2):
+        txn = tables.prepare(0)
+        leases.reserve(txn, WORK)
+        tables.abort(txn.id)  # never sent: no result was lost
+    state = store.read(WORK)
+    assert (state.status, state.lost_claims) == (ItemStatus.ABANDONED, 0)
+    # a result lost after the send does count
+    txn = tables.prepare(0)
+    leases.reserve(txn, WORK)
+    tables.sent(txn.id, 1.0)
+    tables.fenced_out(txn.id)
+    assert store.read(WORK).lost_claims == 1

@@ -50,7 +50,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final, TypeVar
 
@@ -284,6 +284,9 @@ class Record:
     object_id: str | None = None  # COMMIT: the result
     size: int | None = None  # COMMIT: the result's length
     work_id: str | None = None  # ITEM: the work id
+    # ABANDON: the claim's dispatch was never sent (a before-send undo); such
+    # an abandon is no lost result and does not count towards quarantine.
+    unsent: bool = False
 
     def encode(self) -> bytes:
         fields: dict[str, object] = {
@@ -301,6 +304,8 @@ class Record:
             fields["size"] = self.size
         if self.change is Change.ITEM:
             fields["work_id"] = self.work_id
+        if self.change is Change.ABANDON and self.unsent:
+            fields["unsent"] = True
         return _encode_fields(fields)
 
     @staticmethod
@@ -317,6 +322,11 @@ class Record:
         extra = {"object", "size"} if change is Change.COMMIT else set()
         if change is Change.ITEM:
             extra = {"work_id"}
+        unsent = change is Change.ABANDON and "unsent" in fields
+        if unsent:
+            if fields["unsent"] is not True:
+                raise CorruptRecord(path, f"'unsent' must be true, not {fields['unsent']!r}")
+            extra = {"unsent"}
         reader.expect_keys(
             {"v", "item", "slot", "change", "token", "owner", "incarnation", "nonce"} | extra
         )
@@ -337,6 +347,7 @@ class Record:
             object_id=reader.object_id("object") if change is Change.COMMIT else None,
             size=reader.integer("size", 0) if change is Change.COMMIT else None,
             work_id=reader.text("work_id") if change is Change.ITEM else None,
+            unsent=unsent,
         )
         if (slot == 0) != (change is Change.ITEM):
             raise CorruptRecord(path, f"a {change.value} record cannot be slot {slot}")
@@ -462,12 +473,16 @@ def _check_transition(chain: list[Record], record: Record, path: str) -> None:
 
 
 def _lost_claims(chain: list[Record]) -> int:
-    """Claims that ended without a commit (abandoned, taken over or
-    quarantined): counted from the chain, so every coordinator agrees."""
+    """Claims that ended without a commit (abandoned after a send, taken
+    over or quarantined): counted from the chain, so every coordinator
+    agrees. A claim abandoned because its dispatch was never sent lost no
+    result: it does not count."""
     return sum(
         1
         for record, after in itertools.pairwise(chain)
-        if record.change is Change.CLAIM and after.change is not Change.COMMIT
+        if record.change is Change.CLAIM
+        and after.change is not Change.COMMIT
+        and not (after.change is Change.ABANDON and after.unsent)
     )
 
 
@@ -848,9 +863,10 @@ class WorkStore:
         except OSError as error:
             raise StoreIOError("writing a heartbeat", path, error) from error
 
-    def abandon(self, work_id: str, token: int) -> AbandonOutcome:
-        """End our claim `token` without a result (the before-send undo, or
-        the discard of a lost or stale result). Safe when the claim was taken
+    def abandon(self, work_id: str, token: int, *, sent: bool = True) -> AbandonOutcome:
+        """End our claim `token` without a result (the before-send undo with
+        `sent=False`, or the discard of a lost or stale result: only those
+        count towards quarantine). Safe when the claim was taken
         over meanwhile (`TAKEN_OVER`, no effect). A later incarnation of the
         same coordinator may abandon its predecessors' claims. Raises
         `NotOwner` for another coordinator's claim.
@@ -864,6 +880,8 @@ class WorkStore:
         for _ in range(_MAX_DECISION_ROUNDS):
             if len(chain) == token:  # our claim is the head: end it
                 record = self._record(key, token + 1, Change.ABANDON, token, owner)
+                if not sent:
+                    record = replace(record, unsent=True)
                 published = self._publish(key, record, "abandon")
                 if published.ours and published.record.change is Change.ABANDON:
                     self._beats.pop((key, token), None)

@@ -60,7 +60,7 @@ class WorkLeases:
         self.abandoned = 0
         self.taken_over = 0
         self._compensation: Compensation[WorkLease] = tables.compensation(
-            self._name, self._abandon, self._abandon, self._forget
+            self._name, self._abandon_unsent, self._abandon, self._forget
         )
 
     @property
@@ -106,9 +106,13 @@ class WorkLeases:
             raise NotReserved(f"{self._name}: no lease {lease} to release")
         del self._held[lease.work_id]
 
-    def _abandon(self, lease: WorkLease) -> None:
+    def _abandon_unsent(self, lease: WorkLease) -> None:
+        # Never sent: no result was lost, so the item's poison count stays.
+        self._abandon(lease, sent=False)
+
+    def _abandon(self, lease: WorkLease, sent: bool = True) -> None:
         self._forget(lease)
-        outcome = self._store.abandon(lease.work_id, lease.token)
+        outcome = self._store.abandon(lease.work_id, lease.token, sent=sent)
         if outcome is AbandonOutcome.ABANDONED:
             self.abandoned += 1
             return
