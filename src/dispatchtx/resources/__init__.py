@@ -50,6 +50,19 @@ from dispatchtx.resources._base import (
 )
 from dispatchtx.resources.algorithms import AlgorithmSelection, AlgorithmSelector
 from dispatchtx.resources.cache import ObjectCache, RecarriedObjects
+from dispatchtx.resources.dispatch_log import (
+    NEVER_SENT,
+    OWNER_RESTARTED,
+    RESULT_UNTRUSTED,
+    DispatchEntry,
+    DispatchLog,
+)
+from dispatchtx.resources.journaling import (
+    AdapterJournal,
+    ReleaseNotJournaled,
+    release_events,
+    replay_adapters,
+)
 from dispatchtx.resources.pairing import Pairing, SeedPairing
 from dispatchtx.resources.params import BanditPolicy, ParameterAssignment, ParameterBandit
 from dispatchtx.resources.proposals import (
@@ -66,10 +79,16 @@ if TYPE_CHECKING:
     from dispatchtx import Compensation, Transaction
 
 __all__ = [
+    "NEVER_SENT",
+    "OWNER_RESTARTED",
     "RESULT_LOST",
+    "RESULT_UNTRUSTED",
+    "AdapterJournal",
     "AlgorithmSelection",
     "AlgorithmSelector",
     "BanditPolicy",
+    "DispatchEntry",
+    "DispatchLog",
     "JournaledAdapter",
     "JournaledResource",
     "JsonDict",
@@ -84,6 +103,7 @@ __all__ = [
     "ProposalState",
     "ProposalTicket",
     "RecarriedObjects",
+    "ReleaseNotJournaled",
     "ResourceAdapter",
     "ResourceError",
     "SeedPairing",
@@ -94,6 +114,8 @@ __all__ = [
     "TargetReservation",
     "Unavailable",
     "all_leaks",
+    "release_events",
+    "replay_adapters",
 ]
 
 
