@@ -183,3 +183,14 @@ def test_a_coordinator_killed_at_a_commit_stage_is_rolled_forward_by_its_restart
     restarted.run(max_steps=10_000)
     assert_clean_end(world, restarted)
     assert world.workload.violations == []
+
+
+@pytest.mark.parametrize("point", [FaultPoint.STALE_RESULT, FaultPoint.DUPLICATE_RESULT])
+def test_a_late_or_repeated_answer_is_dropped_and_never_applied_twice(point: FaultPoint) -> None:
+    world = make_world(items=10)
+    plan = FaultPlan({point: 0.3}, seed=5, at_least_once=[point])
+    coordinator = world.coordinator(plan, deadline=0.5)
+    coordinator.run(max_steps=50_000)
+    assert_clean_end(world, coordinator)  # shuts down: late answers arrive by then
+    assert plan.fired[point] >= 1
+    assert coordinator.stats["stale or duplicate results dropped"] >= plan.fired[point]

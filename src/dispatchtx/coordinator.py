@@ -163,6 +163,8 @@ class Coordinator:
         self._strikes: Counter[int] = Counter()
         self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
         self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
+        # Results held back by the STALE_RESULT fault point, until past their deadline.
+        self._held_back: deque[tuple[float, int, Result | bytes]] = deque()
         self._next_heartbeat = float("-inf")
         self._recovered = False
         interval = config.heartbeat_every
@@ -186,8 +188,11 @@ class Coordinator:
         self._retry_parked()
         self._dispatch_to_free_workers()
         for worker, message in self.transport.poll(self.config.poll_timeout):
-            self._on_message(worker, message)
+            self._receive(worker, message)
         now = self.transport.now()
+        while self._held_back and self._held_back[0][0] <= now:
+            _, worker, message = self._held_back.popleft()
+            self._on_message(worker, message)
         self._sweep_lost_workers(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_every
@@ -198,6 +203,9 @@ class Coordinator:
         """Compensate every PREPARING and ACTIVE dispatch, finish what is
         COMMITTING (or leave it to recovery if its triage keeps failing),
         and stop the workers."""
+        while self._held_back:  # late answers still on their way arrive now
+            _, worker, message = self._held_back.popleft()
+            self._on_message(worker, message)
         failures = self.tables.shutdown()
         self.stats.counts["compensation failures"] += len(failures)
         for failure in failures:
@@ -285,6 +293,18 @@ class Coordinator:
             self.workload.drop(work_id, "quarantined")
 
     # -- results ---------------------------------------------------------------
+
+    def _receive(self, worker: int, message: Result | bytes) -> None:
+        faults = self.faults
+        if isinstance(message, Result) and faults.fires(FaultPoint.STALE_RESULT):
+            # The worker answers late: after the deadline has discarded the
+            # dispatch (and abandoned its lease), so the result must be dropped.
+            release = self.transport.now() + 2 * self.config.deadline
+            self._held_back.append((release, worker, message))
+            return
+        self._on_message(worker, message)
+        if isinstance(message, Result) and faults.fires(FaultPoint.DUPLICATE_RESULT):
+            self._on_message(worker, message)  # the worker answered twice
 
     def _on_message(self, worker: int, message: Result | bytes) -> None:
         self._strikes[worker] = 0  # it answers, even garbled or late: not hung
