@@ -194,3 +194,29 @@ def test_a_late_or_repeated_answer_is_dropped_and_never_applied_twice(point: Fau
     assert_clean_end(world, coordinator)  # shuts down: late answers arrive by then
     assert plan.fired[point] >= 1
     assert coordinator.stats["stale or duplicate results dropped"] >= plan.fired[point]
+
+
+def test_with_a_journal_the_restarted_coordinator_closes_what_its_predecessor_left() -> None:
+    world = make_world(items=12)
+    disk = SimulatedFS(seed=1)
+    config = CoordinatorConfig("coord-a", deadline=2.0, journal_path="/journal/coord-a")
+    plan = FaultPlan(at_least_once=[FaultPoint.KILL_MID_TRIAGE, FaultPoint.SEND_AFTER_JOURNAL])
+    first = Coordinator(
+        config, world.transport, world.store(), world.workload, faults=plan, journal_fs=disk
+    )
+    with pytest.raises(CoordinatorKilled):
+        first.run(max_steps=10_000)
+    assert plan.fired[FaultPoint.SEND_AFTER_JOURNAL] == 1
+    assert first.dispatch_log is not None and first.dispatch_log.reclaimed("never sent") == 1
+    disk.crash("power")
+    world.fs.crash("power")
+    for item in world.workload.items:
+        if world.workload.status(item) == "taken":
+            world.workload.give_back(item)
+    restarted = Coordinator(config, world.transport, world.store(), world.workload, journal_fs=disk)
+    assert restarted.dispatch_log is not None
+    assert restarted.dispatch_log.stale()  # replayed from the journal
+    restarted.run(max_steps=10_000)
+    assert_clean_end(world, restarted)
+    assert restarted.dispatch_log.stale() == []
+    assert restarted.stats["stale journal entries closed"] >= 1

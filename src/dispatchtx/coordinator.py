@@ -33,8 +33,12 @@ from dispatchtx import (
     WrongWorker,
 )
 from dispatchtx.faults import FaultPlan, FaultPoint, InjectedFault
+from dispatchtx.fs import FS
+from dispatchtx.journal import FsyncPolicy
 from dispatchtx.objects import StoreError, StoreIOError
 from dispatchtx.resources import Leak, Unavailable
+from dispatchtx.resources.dispatch_log import DispatchLog
+from dispatchtx.resources.journaling import AdapterJournal
 from dispatchtx.resources.lease import WorkLease, WorkLeases
 from dispatchtx.store import (
     CommitOutcome,
@@ -106,6 +110,10 @@ class CoordinatorConfig:
     # How often leases are heartbeated and stalled peers looked for; None:
     # a third of the store's TTL.
     heartbeat_every: float | None = None
+    # The local work journal (dispatch history, local triage marks); None:
+    # no journal (tests of the runtime alone).
+    journal_path: str | None = None
+    journal_policy: FsyncPolicy = FsyncPolicy.EVERY
 
 
 @dataclass
@@ -134,6 +142,7 @@ class Coordinator:
         workload: Workload,
         *,
         faults: FaultPlan | None = None,
+        journal_fs: FS | None = None,
     ) -> None:
         self.config = config
         self.transport = transport
@@ -147,6 +156,15 @@ class Coordinator:
             first_id=self.incarnation << ID_SHIFT,
         )
         self.leases = WorkLeases(self.tables, store)
+        self.dispatch_log: DispatchLog | None = None
+        self.journal: AdapterJournal | None = None
+        if config.journal_path is not None:
+            if journal_fs is None:
+                raise ValueError("a journal_path needs the journal_fs it lives on")
+            self.dispatch_log = DispatchLog(self.tables)
+            self.journal = AdapterJournal(
+                journal_fs, config.journal_path, [self.dispatch_log], policy=config.journal_policy
+            )
         # The item itself is a reservation: given back to the workload by the
         # undo and the discard, marked done on commit.
         self._item = self.tables.compensation(
@@ -184,6 +202,7 @@ class Coordinator:
     def step(self) -> None:
         if not self._recovered:
             self.roll_forward()
+            self._close_stale_entries()
             self._recovered = True
         self._retry_parked()
         self._dispatch_to_free_workers()
@@ -198,6 +217,7 @@ class Coordinator:
             self._next_heartbeat = now + self._heartbeat_every
             self._heartbeat()
             self.roll_forward()
+            self._close_stale_entries()
 
     def shutdown(self) -> None:
         """Compensate every PREPARING and ACTIVE dispatch, finish what is
@@ -208,6 +228,10 @@ class Coordinator:
             self._on_message(worker, message)
         failures = self.tables.shutdown()
         self.stats.counts["compensation failures"] += len(failures)
+        for _ in range(3):  # entries an earlier incarnation left, if any remain
+            if self.dispatch_log is None or not self.dispatch_log.stale():
+                break
+            self._close_stale_entries()
         for failure in failures:
             log.warning("shutdown: %s", failure)
         self._retry_parked()
@@ -247,6 +271,9 @@ class Coordinator:
                     return
                 txn.tag = (work_id, lease.token)
                 faults.check(FaultPoint.SEND_AFTER_CLAIM)
+                if self.dispatch_log is not None:
+                    self.dispatch_log.reserve(txn, work_id, lease.token)
+                    faults.check(FaultPoint.SEND_AFTER_JOURNAL)
                 payload, object_ids = self.workload.reserve(txn, worker, work_id)
                 faults.check(FaultPoint.SEND_AFTER_RESERVATIONS)
                 missing = self.tables.missing(worker, object_ids)
@@ -441,6 +468,24 @@ class Coordinator:
             return
         self.stats.counts["leases found lost"] += len(lost)
 
+    def _close_stale_entries(self) -> None:
+        """Dispatches an earlier incarnation journaled and never ended: the
+        store has settled (or will settle) their items; close them."""
+        log_ = self.dispatch_log
+        if log_ is None:
+            return
+        for entry in log_.stale():
+            try:
+                status = self.store.read(entry.work_id).status
+                if status is ItemStatus.COMMITTING:
+                    continue  # to be rolled forward first; closed at a later round
+                log_.close_stale(entry.dispatch_id, committed=status is ItemStatus.DONE)
+            except Exception as error:  # the store or the journal: retried next round
+                self.stats.counts["stale journal entries left"] += 1
+                log.info("closing stale dispatch %d failed: %s", entry.dispatch_id, error)
+                continue
+            self.stats.counts["stale journal entries closed"] += 1
+
     def roll_forward(self) -> int:
         """Finish every item a stalled owner (or an earlier incarnation of
         this coordinator) left COMMITTING: rerun triage from the stored
@@ -472,6 +517,8 @@ class Coordinator:
     def leaks(self) -> list[Leak]:
         """What this coordinator still holds once every dispatch ended."""
         leaks = self.leases.leaks()
+        if self.dispatch_log is not None:
+            leaks.extend(self.dispatch_log.leaks())
         leaks.extend(
             Leak("tables", "dispatch", f"{txn.id}:{txn.phase.name}", txn.id)
             for txn in self.tables.in_flight()

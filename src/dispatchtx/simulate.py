@@ -32,6 +32,7 @@ from typing import Any
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import Fault, FaultKind, Op, SimulatedCrash, SimulatedFS
+from dispatchtx.journal import FsyncPolicy
 from dispatchtx.objects import StoreError
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport
@@ -110,6 +111,7 @@ class Host:
     clock: TransportClock
     workload: HashWorkload
     coordinator: Coordinator | None
+    local_disk: SimulatedFS  # the host's own disk, for its journal
     dead_for_good: bool = False
 
 
@@ -171,9 +173,12 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         )
         workload = HashWorkload(n_items, ledger=ledger)
         clock = TransportClock(transport, 1.7e9 + rng.uniform(-5, 5))
-        hosts.append(Host(f"coord-{index}", transport, clock, workload, None))
+        local_disk = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
+        hosts.append(Host(f"coord-{index}", transport, clock, workload, None, local_disk))
 
     kills_left = shape["kills"]
+    journal_policy = rng.choice(list(FsyncPolicy))
+    shape["journal_policy"] = journal_policy.value
     plan_rates: dict[FaultPoint, float] = {
         point: rng.choice((0.0, 0.02, 0.05))
         for point in FaultPoint
@@ -187,17 +192,28 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         if kills_left > 0:
             rates[kill_rng.choice(KILL_POINTS)] = 0.1
         plan = FaultPlan(rates, seed=plan_seed)
-        config = CoordinatorConfig(host.name, max_in_flight=shape["max_in_flight"], deadline=1.0)
+        config = CoordinatorConfig(
+            host.name,
+            max_in_flight=shape["max_in_flight"],
+            deadline=1.0,
+            journal_path=f"/journals/{host.name}.journal",
+            journal_policy=journal_policy,
+        )
         # A start that hits a disk fault (registering its incarnation) exits
         # and is started again, as a supervisor would.
         for _ in range(100):
             store = WorkStore(fs, ROOT, host.clock, ttl=ttl, retry_pause=lambda seconds: None)
             try:
                 host.coordinator = Coordinator(
-                    config, host.transport, store, host.workload, faults=plan
+                    config,
+                    host.transport,
+                    store,
+                    host.workload,
+                    faults=plan,
+                    journal_fs=host.local_disk,
                 )
                 return
-            except StoreError:
+            except (StoreError, OSError):
                 report.counts["failed starts"] += 1
         raise RuntimeError(f"{host.name} could not start in 100 attempts")
 
@@ -240,21 +256,27 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         try:
             host.coordinator.step()
         except (CoordinatorKilled, SimulatedCrash):
-            gather(host)
             report.fired["coordinator-killed"] += 1
             kills_left -= 1
-            power = rng.random() < 0.5
-            fs.crash("power" if power else "process")
-            report.fired["power-loss" if power else "process-kill"] += 1
             report.counts["kills"] += 1
-            if shape["kill_one_for_good"] and not killed_for_good and host is hosts[0]:
-                killed_for_good = True
-                host.dead_for_good = True
-                host.coordinator = None
-                report.fired["killed-for-good"] += 1
-                continue
-            _restart_state(host.workload)
-            start(host)
+            # A process kill ends this coordinator; a power loss ends the
+            # machine: the shared store's disk and every coordinator on it.
+            power = rng.random() < 0.5
+            report.fired["power-loss" if power else "process-kill"] += 1
+            victims = [h for h in hosts if h.coordinator is not None] if power else [host]
+            if power:
+                fs.crash("power")
+            for victim in victims:
+                gather(victim)
+                victim.local_disk.crash("power" if power else "process")
+                victim.coordinator = None
+                if shape["kill_one_for_good"] and not killed_for_good and victim is hosts[0]:
+                    killed_for_good = True
+                    victim.dead_for_good = True
+                    report.fired["killed-for-good"] += 1
+                    continue
+                _restart_state(victim.workload)
+                start(victim)
         except Exception as error:  # a crash of the code under test is a violation
             report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
             break
