@@ -1,0 +1,223 @@
+"""`dispatchtx bench` at tiny sizes: the structure of its figures, and that
+each is a positive finite number. No timing assertions: this machine is
+shared and noisy, and the bench reports ratios, it does not gate on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatchtx import bench
+from dispatchtx.launch import MPIExecNotFound, find_mpiexec
+
+TINY = dataclasses.replace(
+    bench.QUICK,
+    core_dispatches=300,
+    core_repetitions=2,
+    core_in_flight=256,
+    scaling_items=30,
+    scaling_repetitions=2,
+    scaling_workers=(4, 64),
+    tables_dispatches=300,
+)
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def assert_spread(figure: dict[str, Any]) -> None:
+    assert positive(figure["median"])
+    assert figure["min"] <= figure["median"] <= figure["max"]
+
+
+def quiet(text: str) -> None:
+    return None
+
+
+def test_lifecycle_timings_of_both_builds_are_positive() -> None:
+    builds = bench.load_builds(quiet)
+    assert "pure" in builds
+    for module in builds.values():
+        for _, rollback, callables in bench.CORE_FIGURES:
+            assert positive(bench.time_lifecycles(module, 200, rollback, callables))
+        assert positive(bench.time_lifecycles_across(module, 1_000, 200))
+        per_dispatch, per_worker = bench.bytes_in_flight(module, 128)
+        assert positive(per_dispatch)
+        assert per_worker >= 0
+
+
+def test_core_run_has_every_figure_and_the_ratio() -> None:
+    results = bench.core_run(200, 1, in_flight=128, progress=quiet, warn=quiet)
+    assert results["in_flight"] == 128
+    for row in results["builds"].values():
+        for key, _, _ in bench.CORE_FIGURES:
+            assert_spread(row[key])
+        assert positive(row["bytes_per_in_flight_dispatch"])
+    if "compiled" in results["builds"]:
+        assert set(results["speedup"]) == {key for key, _, _ in bench.CORE_FIGURES}
+        assert all(positive(ratio) for ratio in results["speedup"].values())
+
+
+def test_refillable_workload_keeps_its_count_without_scanning() -> None:
+    workload = bench.RefillableWorkload()
+    workload.add(["a", "b"])
+    assert workload.remaining() == 2
+    assert workload.take() == "a"
+    workload.give_back("a")
+    assert workload.take() == "b"
+    workload.done("b")
+    workload.done("b")  # idempotent
+    assert workload.remaining() == 1
+    assert workload.take() == "a"
+    workload.drop("a", "quarantined")
+    assert workload.remaining() == 0
+    assert workload.take() is None
+    workload.add(["c"])
+    assert workload.remaining() == 1
+    with pytest.raises(ValueError):
+        workload.add(["a"])
+
+
+def test_coordinator_scaling_commits_every_item_and_leaks_nothing() -> None:
+    row = bench.coordinator_scaling(workers=16, items=40, reps=2)
+    assert row["workers"] == 16
+    assert_spread(row["us_per_item"])
+    assert len(row["us_per_item"]["samples"]) == 2
+    assert 0.0 <= row["objects_shipped_per_dispatch"] <= 1.0
+    assert row["leaks"] == []
+    assert row["counts"]["committed"] == 40 * 3  # the warm-up run too
+
+
+def test_periodic_scans_are_timed() -> None:
+    scans = bench.periodic_scans(20)
+    assert positive(scans["workload_remaining_us_per_call"])
+    assert positive(scans["store_roll_forward_candidates_us_per_call"])
+
+
+def test_fsyncs_per_item_of_the_durable_path_are_counted(tmp_path: Path) -> None:
+    figure = bench.durable_counts(str(tmp_path / "store"), items=4, workers=2)
+    assert positive(figure["rate"])
+    counts = figure["fsyncs_per_op"]
+    assert set(counts) == set(bench.KINDS)
+    # Every item is claimed, committed and completed: each publishes slots.
+    assert counts["new"] >= 3 and counts["dir"] >= 3
+    latency = {kind: 1e-3 for kind in bench.KINDS}
+    bound = bench.fsync_bound(figure, latency)
+    assert bound is not None and positive(bound)
+
+
+def test_message_sizes_of_dispatchtx() -> None:
+    sizes = bench.dispatchtx_message_sizes()
+    assert sizes["dispatchtx_work_first"] > sizes["dispatchtx_work"] > 0
+    assert positive(sizes["dispatchtx_result"])
+
+
+def test_targets_are_judged_from_the_figures() -> None:
+    figures: dict[str, Any] = {
+        "core": {
+            "builds": {
+                "pure": {},
+                "compiled": {
+                    "lifecycle_ns": {"median": 900.0},
+                    "bytes_per_in_flight_dispatch": 600.0,
+                },
+            },
+            "speedup": {"lifecycle_ns": 3.5},
+        },
+        "scaling": {
+            "rows": [
+                {"workers": 64, "ratio_to_first": 1.0},
+                {"workers": 65_536, "ratio_to_first": 1.3},
+            ]
+        },
+        "mpi": {
+            "rows": [
+                {"dispatchtx_over_raw": 0.95, "dispatchtx_over_futures": 6.0},
+                {"dispatchtx_over_raw": None, "dispatchtx_over_futures": 4.0},
+            ]
+        },
+        "durable": {"fraction_of_bound": 0.6},
+    }
+    verdicts = [target["met"] for target in bench.targets(figures)]
+    #        3x    1 us  512 B  scaling raw   futures outright durable
+    assert verdicts == [True, True, False, False, False, False, False, True]
+
+
+def test_a_tiny_run_prints_its_table_and_its_json_is_plain(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = bench.run(TINY, quiet, sections=("core", "scaling"))
+    bench.print_table(results)
+    table = capsys.readouterr().out
+    for heading in ("1. core", "2. scaling", "targets", "wall time"):
+        assert heading in table
+    scaling = results["sections"]["scaling"]
+    assert [row["workers"] for row in scaling["rows"]] == [4, 64]
+    assert scaling["rows"][0]["ratio_to_first"] == 1.0
+    assert scaling["notes"]  # 1,048,576 workers skipped in a quick configuration
+    assert results["versions"]["dispatchtx"]
+    assert positive(results["wall_seconds"])
+    json.loads(json.dumps(results))
+
+
+def _mpiexec() -> str:
+    try:
+        return find_mpiexec()
+    except MPIExecNotFound:
+        pytest.skip("no mpiexec")
+
+
+def test_the_raw_loop_and_the_futures_pool_report_results_per_second(tmp_path: Path) -> None:
+    _mpiexec()
+    runner = bench.JobRunner(str(tmp_path), timeout=90.0)
+    raw = runner.run(
+        2,
+        [
+            "-m",
+            "dispatchtx.bench_raw_mpi",
+            "--items",
+            "20",
+            "--max-in-flight",
+            "1",
+            "2",
+            "--repetitions",
+            "2",
+        ],
+        "raw",
+    )
+    assert raw.error is None and raw.report is not None
+    for depth in ("1", "2"):
+        rates = raw.report["by_max_in_flight"][depth]["results_per_second"]
+        assert len(rates) == 2 and all(positive(rate) for rate in rates)
+    assert positive(raw.report["work_message_bytes"])
+    futures = runner.run(
+        2,
+        ["-m", "mpi4py.futures", "-m", "dispatchtx.bench_futures_mpi", "--items", "20"],
+        "futures",
+    )
+    assert futures.error is None and futures.report is not None
+    assert all(positive(rate) for rate in futures.report["results_per_second"])
+    rate, error = runner.dispatchtx(2, 1, 10, "memory", "dtx")
+    assert error is None and rate is not None and positive(rate)
+
+
+def test_a_job_past_its_timeout_is_killed_as_a_group(tmp_path: Path) -> None:
+    _mpiexec()
+    started = time.monotonic()
+    outcome = bench.run_mpi_job(
+        2,
+        ["-c", "import time; time.sleep(60)"],
+        str(tmp_path / "never.json"),
+        timeout=2.0,
+        log=str(tmp_path / "job.log"),
+    )
+    assert outcome.report is None
+    assert outcome.error is not None and "killed" in outcome.error
+    assert time.monotonic() - started < 30
