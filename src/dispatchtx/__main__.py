@@ -22,7 +22,75 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--schedules", type=int, default=1000)
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--json", help="write the report to this file")
-    args = parser.parse_args(argv)
+    campaign = commands.add_parser(
+        "campaign", help="the main job: a real MPI fault campaign with several coordinators"
+    )
+    campaign.add_argument("--out", default="campaign-out", help="directory for everything")
+    campaign.add_argument("--coordinators", type=int, default=2)
+    campaign.add_argument("--ranks", type=int, default=3, help="per coordinator (1 + workers)")
+    campaign.add_argument("--items", type=int, default=200, help="the work budget")
+    campaign.add_argument("--max-in-flight", type=int, default=2)
+    campaign.add_argument(
+        "--faults",
+        default="all",
+        help="fault points fired by rate: 'all', 'none' or a comma list (kills are scheduled)",
+    )
+    campaign.add_argument("--rate", type=float, default=0.03, help="per visit, for each point")
+    campaign.add_argument("--disk-fault-rate", type=float, default=0.002)
+    campaign.add_argument("--simulate-schedules", type=int, default=200)
+    campaign.add_argument("--seed", type=int, default=0)
+    campaign.add_argument("--timeout", type=float, default=600.0)
+    campaign.add_argument("--no-picture", action="store_true")
+    commands.add_parser(
+        "bench",
+        help="figures: core, scaling, real MPI, the durable path, journal and store "
+        "(`dispatchtx bench --help` for its options)",
+    )
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["bench"]:
+        from dispatchtx import bench as benchmark
+
+        return benchmark.main(arguments[1:])
+    args = parser.parse_args(arguments)
+
+    if args.command == "campaign":
+        from pathlib import Path
+
+        from dispatchtx.campaign.runner import (
+            RATE_POINTS,
+            CampaignConfig,
+            print_report,
+            run_campaign,
+        )
+        from dispatchtx.faults import FaultPoint
+
+        if args.faults == "all":
+            faults = RATE_POINTS
+        elif args.faults == "none":
+            faults = ()
+        else:
+            try:
+                faults = tuple(FaultPoint(name.strip()) for name in args.faults.split(","))
+            except ValueError as error:
+                parser.error(str(error))
+        config = CampaignConfig(
+            out=Path(args.out),
+            coordinators=args.coordinators,
+            ranks=args.ranks,
+            items=args.items,
+            max_in_flight=args.max_in_flight,
+            rate=args.rate,
+            faults=faults,
+            disk_fault_rate=args.disk_fault_rate,
+            simulate_schedules=args.simulate_schedules,
+            seed=args.seed,
+            timeout=args.timeout,
+            picture=not args.no_picture,
+            kill_one_for_good=args.coordinators > 1,
+        )
+        report = run_campaign(config)
+        print_report(report)
+        return 0 if report["passed"] else 1
 
     if args.command == "simulate":
         from dispatchtx import simulate as simulation

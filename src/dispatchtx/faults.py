@@ -88,6 +88,8 @@ class FaultPlan:
         self.fired: Counter[FaultPoint] = Counter()
         self.visits: Counter[FaultPoint] = Counter()
         self._kill = kill
+        # Called just before a kill (e.g. to leave the counts behind).
+        self.before_kill: Callable[[], None] | None = None
 
     @classmethod
     def none(cls) -> FaultPlan:
@@ -114,6 +116,8 @@ class FaultPlan:
         """Kill the coordinator here if the point fires: `kill(point)` (a real
         SIGKILL in a campaign), else `CoordinatorKilled`."""
         if self.fires(point):
+            if self.before_kill is not None:
+                self.before_kill()
             if self._kill is not None:
                 self._kill(point)
             raise CoordinatorKilled(point)

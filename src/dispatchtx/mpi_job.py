@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -25,7 +27,9 @@ from typing import Any
 from dispatchtx import COMPILED
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import FaultPlan, FaultPoint
-from dispatchtx.fs import FS, RealClock, RealFS, SimulatedFS
+from dispatchtx.fs import FS, FaultyFS, RealClock, RealFS, SimulatedFS
+from dispatchtx.objects import StoreError
+from dispatchtx.simulate import RandomDiskFaults
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import MPITransport, Work, run_worker
 from dispatchtx.workloads import HashWorkload, hash_task
@@ -69,6 +73,21 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--faults", type=parse_faults, default={}, help="point=rate,...")
+    parser.add_argument("--journal", help="this coordinator's local journal (a file path)")
+    parser.add_argument("--results", help="a directory where triage links each result")
+    parser.add_argument(
+        "--disk-fault-rate",
+        type=float,
+        default=0.0,
+        help="inject EIO, ENOSPC, ESTALE, lost link replies and stale look-ups into this "
+        "share of the store's and the journal's FS calls (a fault-injecting wrapper)",
+    )
+    parser.add_argument(
+        "--kill-at",
+        type=FaultPoint,
+        help="SIGKILL this whole job (its process group) at this commit stage",
+    )
+    parser.add_argument("--kill-rate", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-rank", type=int, default=0, help="a worker rank that hangs")
     parser.add_argument("--hang-after", type=int, default=3, help="...after this many tasks")
@@ -78,24 +97,71 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     transport = MPITransport(comm, send_timeout=max(1.0, args.deadline))
     fs: FS = RealFS() if args.fs == "real" else SimulatedFS()
+    disk_faults = RandomDiskFaults(random.Random(args.seed), args.disk_fault_rate)
+    if args.disk_fault_rate > 0:
+        fs = FaultyFS(fs, disk_faults)
     store = WorkStore(fs, args.store, RealClock(), ttl=args.ttl)
-    workload = HashWorkload(args.items, prefix=args.item_prefix)
-    plan = FaultPlan(args.faults, seed=args.seed, at_least_once=list(args.faults))
+    results = None if args.results is None else (fs, args.results)
+    workload = HashWorkload(args.items, prefix=args.item_prefix, results=results)
+    rates = dict(args.faults)
+    if args.kill_at is not None:
+        rates[args.kill_at] = args.kill_rate
+    plan = FaultPlan(rates, seed=args.seed, at_least_once=list(args.faults), kill=_kill_job)
     config = CoordinatorConfig(
         args.coordinator_id,
         max_in_flight=args.max_in_flight,
         deadline=args.deadline,
         strikes=args.strikes,
+        journal_path=args.journal,
     )
-    coordinator = Coordinator(config, transport, store, workload, faults=plan)
     started = time.monotonic()
-    coordinator.run()
+    coordinator = _start(config, transport, store, workload, plan, fs)
+    status_path = f"{args.report}.status"
+    recovered_after: float | None = None
+
+    def write_status() -> None:
+        # What a killed job leaves behind: its counts and faults so far.
+        status = {
+            "coordinator": args.coordinator_id,
+            "incarnation": coordinator.incarnation,
+            "seconds": round(time.monotonic() - started, 3),
+            "counts": dict(coordinator.stats.counts),
+            "faults_fired": {p.value: n for p, n in coordinator.faults.fired.items()},
+            "disk_faults_fired": dict(disk_faults.fired),
+            "lost_workers": sorted(coordinator.lost_workers),
+            "not_done": workload.remaining(),
+            "in_flight": len(coordinator.tables),
+            "recovered_after_seconds": (
+                None if recovered_after is None else round(recovered_after, 4)
+            ),
+        }
+        temporary = f"{status_path}.tmp"
+        with open(temporary, "w") as out:
+            json.dump(status, out)
+        os.replace(temporary, status_path)
+
+    plan.before_kill = write_status
+    coordinator.step()  # the first step rolls forward what an earlier incarnation left
+    recovered_after = time.monotonic() - started
+    next_status = 0.0
+    while workload.remaining() or len(coordinator.tables):
+        coordinator.step()
+        if time.monotonic() >= next_status:
+            next_status = time.monotonic() + 1.0
+            write_status()
+    write_status()
     elapsed = time.monotonic() - started
     leaks = [str(leak) for leak in coordinator.leaks()]
     coordinator_stats = Counter(coordinator.stats.counts)
-    statuses = Counter(state.status.value for state in store.items())
+    # The audit reads the store without injected faults: it is the caller's
+    # check of what happened, not part of the run.
+    audit = WorkStore(RealFS() if args.fs == "real" else fs, args.store, RealClock(), ttl=args.ttl)
+    statuses = Counter(state.status.value for state in audit.items())
     report: dict[str, Any] = {
+        "coordinator": args.coordinator_id,
         "build": "compiled" if COMPILED else "pure",
+        "recovered_after_seconds": round(recovered_after, 4),
+        "disk_faults_fired": dict(disk_faults.fired),
         "ranks": comm.Get_size(),
         "incarnation": coordinator.incarnation,
         "items": args.items,
@@ -115,7 +181,11 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     coordinator.shutdown()
     report["leaks_after_shutdown"] = [str(leak) for leak in coordinator.leaks()]
     report["leaks_before_shutdown"] = leaks
-    left = [s.work_id for s in store.items() if s.status is not ItemStatus.DONE]
+    left = [
+        s.work_id
+        for s in audit.items()
+        if s.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
+    ]
     report["items_not_done_in_store"] = left
     report["passed"] = (
         not report["violations"]
@@ -131,6 +201,33 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+def _kill_job(point: FaultPoint) -> None:
+    """A real kill at a commit stage: SIGKILL the whole job (under MPICH a
+    dead rank takes its job down anyway); the campaign restarts it."""
+    sys.stdout.flush()
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _start(
+    config: CoordinatorConfig,
+    transport: MPITransport,
+    store: WorkStore,
+    workload: HashWorkload,
+    plan: FaultPlan,
+    fs: FS,
+) -> Coordinator:
+    """Start the coordinator; a start that hits a disk fault (registering its
+    incarnation, opening its journal) tries again, as a supervisor would."""
+    for attempt in range(100):
+        try:
+            return Coordinator(config, transport, store, workload, faults=plan, journal_fs=fs)
+        except (StoreError, OSError):
+            if attempt == 99:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     from mpi4py import MPI
@@ -140,7 +237,17 @@ def main(argv: list[str] | None = None) -> int:
         print("run under mpiexec with at least 2 ranks", file=sys.stderr)
         return 2
     if comm.Get_rank() == 0:
-        return _coordinator(comm, args)
+        try:
+            return _coordinator(comm, args)
+        except BaseException:
+            # An MPI job whose rank 0 just exits hangs in MPI_Finalize while
+            # its workers poll on: end the whole job instead.
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            comm.Abort(3)
+            raise
     rank = comm.Get_rank()
     tasks = 0
 

@@ -11,15 +11,37 @@ rerun, counted but harmless.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dispatchtx import Transaction
+from dispatchtx.fs import FS
 from dispatchtx.objects import object_id_of
 from dispatchtx.transport import Work
 
 __all__ = ["HashWorkload", "TriageLedger", "hash_task"]
+
+
+def result_name(work_id: str, token: int) -> str:
+    """The file of one committed result: named by the item's hash and the
+    commit's token, never by the work id itself."""
+    return f"{hashlib.sha256(work_id.encode()).hexdigest()}.{token}"
+
+
+def link_result(fs: FS, directory: str, work_id: str, token: int, result: bytes) -> None:
+    """Link a committed result into place, once: an immutable file (EEXIST
+    means a rerun of triage already put it there)."""
+    fs.mkdir(directory)
+    temp = fs.write_temp(directory, work_id.encode() + b"\n" + result)
+    try:
+        fs.link(temp, os.path.join(directory, result_name(work_id, token)))
+    except FileExistsError:
+        pass
+    finally:
+        fs.unlink(temp)
+    fs.fsync_dir(directory)
 
 
 def hash_task(work: Work, objects: Mapping[str, bytes]) -> bytes:
@@ -59,6 +81,7 @@ class HashWorkload:
         n_objects: int = 4,
         prefix: str = "item",
         ledger: TriageLedger | None = None,
+        results: tuple[FS, str] | None = None,
     ) -> None:
         self.contents = [f"object {i}".encode() * 8 for i in range(n_objects)]
         self.object_ids = [object_id_of(content) for content in self.contents]
@@ -68,6 +91,9 @@ class HashWorkload:
         self._status = dict.fromkeys(self.items, "pending")
         self.ledger = TriageLedger() if ledger is None else ledger
         self.dropped: dict[str, str] = {}
+        # Where triage links each committed result, as a shared effect that
+        # any coordinator may apply and a checker re-derives from disk.
+        self._results = results
 
     # -- the queue --------------------------------------------------------------
 
@@ -128,6 +154,9 @@ class HashWorkload:
         if earlier != token:
             ledger.violations.append(f"{work_id}: committed with tokens {earlier} and {token}")
         ledger.digests[work_id] = result  # shared: idempotent, anyone may apply
+        if self._results is not None:
+            fs, directory = self._results
+            link_result(fs, directory, work_id, token, result)
         if owner and not ledger.local_applied[key]:
             # local: once per (item, commit slot); a rerun applies nothing
             ledger.local_applied[key] += 1
