@@ -41,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     campaign.add_argument("--seed", type=int, default=0)
     campaign.add_argument("--timeout", type=float, default=600.0)
     campaign.add_argument("--no-picture", action="store_true")
+    campaign.add_argument(
+        "--workload",
+        choices=("fuzz", "hash"),
+        default="fuzz",
+        help="fuzz: coverage-guided fuzzing over bundled targets (every resource kind); "
+        "hash: a small self-checking workload",
+    )
     commands.add_parser(
         "bench",
         help="figures: core, scaling, real MPI, the durable path, journal and store "
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             picture=not args.no_picture,
             kill_one_for_good=args.coordinators > 1,
+            workload=args.workload,
         )
         report = run_campaign(config)
         print_report(report)

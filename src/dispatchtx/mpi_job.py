@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from dispatchtx import COMPILED
+from dispatchtx.campaign.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import FaultPlan, FaultPoint
 from dispatchtx.fs import FS, FaultyFS, RealClock, RealFS, SimulatedFS
@@ -64,7 +65,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--report", required=True, help="where rank 0 writes its JSON report")
     parser.add_argument("--coordinator-id", default="coord-0")
-    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument(
+        "--workload",
+        choices=("hash", "fuzz"),
+        default="hash",
+        help="hash: a small self-checking workload; fuzz: the campaign's coverage-guided "
+        "fuzzing over bundled targets, every resource kind on every dispatch",
+    )
+    parser.add_argument("--items", type=int, default=200, help="the work budget")
     parser.add_argument("--item-prefix", default="item")
     parser.add_argument("--max-in-flight", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=2.0)
@@ -101,8 +109,14 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     if args.disk_fault_rate > 0:
         fs = FaultyFS(fs, disk_faults)
     store = WorkStore(fs, args.store, RealClock(), ttl=args.ttl)
-    results = None if args.results is None else (fs, args.results)
-    workload = HashWorkload(args.items, prefix=args.item_prefix, results=results)
+    workload: HashWorkload | FuzzWorkload
+    if args.workload == "fuzz":
+        if args.results is None:
+            raise SystemExit("--workload fuzz needs --results, the campaign directory")
+        workload = FuzzWorkload(fs, args.results, FuzzConfig(budget=args.items, rng_seed=args.seed))
+    else:
+        results = None if args.results is None else (fs, args.results)
+        workload = HashWorkload(args.items, prefix=args.item_prefix, results=results)
     rates = dict(args.faults)
     if args.kill_at is not None:
         rates[args.kill_at] = args.kill_rate
@@ -116,6 +130,9 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
     coordinator = _start(config, transport, store, workload, plan, fs)
+    if isinstance(workload, FuzzWorkload):
+        # Its adapters live on this incarnation's tables.
+        workload.attach(coordinator.tables, dispatch_log=coordinator.dispatch_log)
     status_path = f"{args.report}.status"
     recovered_after: float | None = None
 
@@ -144,11 +161,15 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     coordinator.step()  # the first step rolls forward what an earlier incarnation left
     recovered_after = time.monotonic() - started
     next_status = 0.0
-    while workload.remaining() or len(coordinator.tables):
-        coordinator.step()
-        if time.monotonic() >= next_status:
-            next_status = time.monotonic() + 1.0
-            write_status()
+    while True:
+        while workload.remaining() or len(coordinator.tables):
+            coordinator.step()
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + 1.0
+                write_status()
+        if not isinstance(workload, FuzzWorkload) or not _adopt_orphans(store, workload):
+            break
+        coordinator.step()  # heartbeats and roll-forward go on meanwhile
     write_status()
     elapsed = time.monotonic() - started
     leaks = [str(leak) for leak in coordinator.leaks()]
@@ -172,14 +193,24 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         "faults_fired": {point.value: n for point, n in sorted(coordinator.faults.fired.items())},
         "lost_workers": sorted(coordinator.lost_workers),
         "store": dict(sorted(statuses.items())),
-        "violations": list(workload.violations),
-        "reruns": workload.reruns,
+        "violations": list(workload.ledger.violations),
+        "reruns": workload.ledger.reruns,
         "not_done": workload.remaining(),
     }
     # Shut down before reporting leaks: every PREPARING and ACTIVE dispatch
     # is compensated, COMMITTING ones are finished.
     coordinator.shutdown()
     report["leaks_after_shutdown"] = [str(leak) for leak in coordinator.leaks()]
+    if isinstance(workload, FuzzWorkload):
+        # Every resource kind's adapter, per kind: nothing may stay held.
+        report["leaks_after_shutdown"] += [str(leak) for leak in workload.leaks()]
+        counted, sent = workload.proposal_attempts()
+        report["proposal_attempts"] = {"counted": counted, "sent": sent}
+        report["effects_applied_twice"] = workload.ledger.effects_applied_twice
+        if counted != sent:
+            report["violations"].append(f"proposal attempts {counted} counted, {sent} sent")
+        if workload.ledger.effects_applied_twice:
+            report["violations"].append("local effects applied twice")
     report["leaks_before_shutdown"] = leaks
     left = [
         s.work_id
@@ -201,6 +232,20 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+def _adopt_orphans(store: WorkStore, workload: FuzzWorkload) -> bool:
+    """Items in the store that are not settled and that only a peer knew
+    (one killed for good discovered them): take them on. True while some
+    item is unsettled, so the caller keeps stepping."""
+    try:
+        states = store.items()
+    except StoreError:
+        return True  # a disk fault: look again
+    unsettled = [s for s in states if s.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)]
+    for state in unsettled:
+        workload.adopt(state.work_id)
+    return bool(unsettled)
+
+
 def _kill_job(point: FaultPoint) -> None:
     """A real kill at a commit stage: SIGKILL the whole job (under MPICH a
     dead rank takes its job down anyway); the campaign restarts it."""
@@ -212,7 +257,7 @@ def _start(
     config: CoordinatorConfig,
     transport: MPITransport,
     store: WorkStore,
-    workload: HashWorkload,
+    workload: HashWorkload | FuzzWorkload,
     plan: FaultPlan,
     fs: FS,
 ) -> Coordinator:
@@ -256,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks += 1
         return bool(rank == args.hang_rank and tasks > args.hang_after)
 
-    run_worker(comm, hash_task, hang_when=hang_when)
+    run_worker(comm, fuzz_task if args.workload == "fuzz" else hash_task, hang_when=hang_when)
     return 0
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dispatchtx.campaign.fuzz import check_campaign_dir, committed_slots
 from dispatchtx.faults import FaultPoint
 from dispatchtx.fs import RealClock, RealFS
 from dispatchtx.launch import kill_job, start_job
@@ -75,6 +76,7 @@ class CampaignConfig:
     seed: int = 0
     timeout: float = 600.0
     picture: bool = True
+    workload: str = "fuzz"  # or "hash", the small self-checking one
 
 
 @dataclass
@@ -150,6 +152,7 @@ class Campaign:
         args = [
             *("--store", str(self.store_dir), "--report", str(report)),
             *("--coordinator-id", slot.name, "--items", str(config.items)),
+            *("--workload", config.workload),
             *("--journal", str(config.out / "journals" / f"{slot.name}.journal")),
             *("--results", str(self.results_dir)),
             *("--max-in-flight", str(config.max_in_flight)),
@@ -217,8 +220,12 @@ class Campaign:
     # -- the run ------------------------------------------------------------------------
 
     def done_items(self) -> int:
+        """Results triaged so far, counted on disk."""
+        directory = self.results_dir
+        if self.config.workload == "fuzz":
+            directory = directory / "coverage" / "deltas"
         try:
-            return len(os.listdir(self.results_dir))
+            return len(os.listdir(directory))
         except OSError:
             return 0
 
@@ -297,12 +304,31 @@ class Campaign:
     def report(self, simulate_report: Path) -> dict[str, Any]:
         config = self.config
         store = WorkStore(RealFS(), str(self.store_dir), RealClock(), ttl=config.ttl)
-        expected = HashWorkload(config.items)
         states = {state.work_id: state for state in store.items()}
         statuses = Counter(state.status.value for state in states.values())
-        files = set(os.listdir(self.results_dir))
         problems: list[str] = []
         applied_twice = 0
+        derived: dict[str, Any] = {}
+        if config.workload == "fuzz":
+            check = check_campaign_dir(
+                RealFS(), str(self.results_dir), committed=committed_slots(states.values())
+            )
+            problems.extend(check.problems)
+            derived = {
+                "corpus_entries": check.corpus_entries,
+                "crash_files": check.crash_files,
+                "crash_signatures": sorted(check.signatures),
+                "coverage_deltas": check.deltas,
+                "coverage_edges": len(check.coverage),
+                "temp_files_left": check.temp_files,
+            }
+            problems.extend(
+                f"{unsettled.work_id} left {unsettled.status.value}"
+                for unsettled in states.values()
+                if unsettled.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
+            )
+        expected = HashWorkload(config.items if config.workload == "hash" else 0)
+        files = set(os.listdir(self.results_dir))
         for item in expected.items:
             state = states.get(item)
             if state is None:
@@ -325,6 +351,7 @@ class Campaign:
             others = [f for f in files if f.startswith(prefix) and f != name]
             applied_twice += len(others)
         merged: Counter[str] = Counter()
+        proposal_attempts: Counter[str] = Counter()
         fired: Counter[str] = Counter()
         leaks: list[str] = []
         recovery: list[dict[str, Any]] = []
@@ -351,6 +378,12 @@ class Campaign:
                 fired.update(launch.report["faults_fired"])
                 fired.update(launch.report.get("disk_faults_fired", {}))
                 leaks.extend(launch.report["leaks_after_shutdown"])
+                problems.extend(launch.report["violations"])
+                applied_twice += launch.report.get("effects_applied_twice", 0)
+                attempts = launch.report.get("proposal_attempts")
+                if attempts is not None:
+                    proposal_attempts["counted"] += attempts["counted"]
+                    proposal_attempts["sent"] += attempts["sent"]
                 if launch.number > 1:
                     recovery.append(
                         {
@@ -402,6 +435,8 @@ class Campaign:
             "items_rolled_forward_by_a_peer": merged["rolled forward for a peer"],
             "items_rolled_forward_by_a_restart": merged["rolled forward"],
             "recovery": recovery,
+            "proposal_attempts_of_finished_incarnations": dict(proposal_attempts),
+            "derived_from_disk": derived,
             "kills": kills,
             "consistency_problems": problems,
             "coordinator_counts": dict(sorted(merged.items())),
