@@ -3,13 +3,15 @@ simulated disk: the normal flow and each fault point (DESIGN.md §6)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import SimulatedFS
+from dispatchtx.fs import RealClock, RealFS, SimulatedFS
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport
 from dispatchtx.workloads import HashWorkload, hash_task
@@ -220,3 +222,39 @@ def test_with_a_journal_the_restarted_coordinator_closes_what_its_predecessor_le
     assert_clean_end(world, restarted)
     assert restarted.dispatch_log.stale() == []
     assert restarted.stats["stale journal entries closed"] >= 1
+
+
+class SlowTriage(HashWorkload):
+    """Triage that runs for many TTLs, while a peer watches the item."""
+
+    def __init__(self, items: int, peer: WorkStore, seconds: float) -> None:
+        super().__init__(items)
+        self.peer = peer
+        self.seconds = seconds
+        self.peer_saw: list[list[str]] = []
+
+    def triage(self, work_id: str, token: int, result: bytes, *, owner: bool) -> None:
+        self.peer.roll_forward_candidates()  # the peer's first look starts its watch
+        time.sleep(self.seconds)
+        self.peer_saw.append([c.work_id for c in self.peer.roll_forward_candidates()])
+        super().triage(work_id, token, result, owner=owner)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_long_triage_cannot_starve_the_heartbeats(tmp_path: Path, background: bool) -> None:
+    ttl = 0.1
+    fs = RealFS()
+    transport = SimulatedTransport(1, hash_task)
+    peer = WorkStore(fs, str(tmp_path), RealClock(), ttl=ttl)
+    peer.register("peer")
+    workload = SlowTriage(1, peer, seconds=8 * ttl)
+    config = CoordinatorConfig("owner", background_heartbeat=background, heartbeat_every=ttl / 4)
+    store = WorkStore(fs, str(tmp_path), RealClock(), ttl=ttl)
+    coordinator = Coordinator(config, transport, store, workload)
+    coordinator.run(max_steps=1_000)
+    coordinator.shutdown()
+    if background:
+        assert workload.peer_saw == [[]]  # alive all along: nothing to roll forward
+        assert coordinator.stats["background heartbeats"] >= 4
+    else:
+        assert workload.peer_saw == [["item-0"]]  # starved: the peer would take it over

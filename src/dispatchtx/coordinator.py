@@ -21,6 +21,7 @@ One pass of `step()`:
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -114,6 +115,10 @@ class CoordinatorConfig:
     # no journal (tests of the runtime alone).
     journal_path: str | None = None
     journal_policy: FsyncPolicy = FsyncPolicy.EVERY
+    # Heartbeat the leases from a thread too, so that a triage that runs
+    # longer than the TTL cannot starve them (real clocks only: under the
+    # simulator's virtual time, steps heartbeat).
+    background_heartbeat: bool = False
 
 
 @dataclass
@@ -187,6 +192,33 @@ class Coordinator:
         self._recovered = False
         interval = config.heartbeat_every
         self._heartbeat_every = store.ttl / 3 if interval is None else interval
+        # The main thread holds this lock except while user triage code runs;
+        # the heartbeat thread takes it to touch the store and the leases.
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._stop_beating = threading.Event()
+        self._beater: threading.Thread | None = None
+        if config.background_heartbeat:
+            self._beater = threading.Thread(
+                target=self._beat_in_background, name="dispatchtx-heartbeat", daemon=True
+            )
+            self._beater.start()
+
+    def _beat_in_background(self) -> None:
+        while not self._stop_beating.wait(self._heartbeat_every):
+            with self._lock:
+                self.stats.counts["background heartbeats"] += 1
+                self._heartbeat()
+
+    def stop_heartbeats(self) -> None:
+        """Stop the heartbeat thread (shutdown does)."""
+        self._stop_beating.set()
+        if self._beater is not None and self._beater is not threading.current_thread():
+            self._lock.release()
+            try:
+                self._beater.join()
+            finally:
+                self._lock.acquire()
 
     # -- the loop ------------------------------------------------------------
 
@@ -235,6 +267,7 @@ class Coordinator:
         for failure in failures:
             log.warning("shutdown: %s", failure)
         self._retry_parked()
+        self.stop_heartbeats()
         self.transport.stop_workers()
 
     # -- dispatching ---------------------------------------------------------
@@ -409,7 +442,12 @@ class Coordinator:
         faults = self.faults
         faults.check(FaultPoint.TRIAGE_EIO)
         faults.kill_point(FaultPoint.KILL_MID_TRIAGE)
-        self.workload.triage(committed.work_id, committed.token, committed.result, owner=owner)
+        # User code, which may run long: let the heartbeat thread in meanwhile.
+        self._lock.release()
+        try:
+            self.workload.triage(committed.work_id, committed.token, committed.result, owner=owner)
+        finally:
+            self._lock.acquire()
         faults.kill_point(FaultPoint.KILL_AFTER_TRIAGE)
         faults.check(FaultPoint.COMPLETE_EIO)
         outcome = self.store.complete(committed.work_id, committed.token)

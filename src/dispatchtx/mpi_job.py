@@ -127,6 +127,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         deadline=args.deadline,
         strikes=args.strikes,
         journal_path=args.journal,
+        background_heartbeat=True,  # a long triage must not starve the leases
     )
     started = time.monotonic()
     coordinator = _start(config, transport, store, workload, plan, fs)
