@@ -57,6 +57,7 @@ log = logging.getLogger("dispatchtx.coordinator")
 # Dispatch ids of incarnation n start at n << ID_SHIFT: a restarted
 # coordinator never reuses one.
 ID_SHIFT = 40
+RECENTLY_COMMITTED = 4096
 
 
 class Workload(Protocol):
@@ -183,6 +184,11 @@ class Coordinator:
         )
         self.stats = CoordinatorStats()
         self.lost_workers: set[int] = set()
+        # CPU seconds workers spent on runs whose results were not committed
+        # (stale, fenced out, failed): the price of duplicate execution.
+        self.wasted_cpu_seconds = 0.0
+        self._recently_committed: set[int] = set()
+        self._committed_order: deque[int] = deque()
         self._strikes: Counter[int] = Counter()
         self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
         self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
@@ -377,25 +383,39 @@ class Coordinator:
         except (UnknownDispatch, WrongWorker) as error:
             self.stats.counts["stale or duplicate results dropped"] += 1
             log.info("dropped a result from worker %d: %s", worker, error)
+            if message.dispatch_id not in self._recently_committed:
+                self.wasted_cpu_seconds += message.cpu_seconds  # a stale run: redone
             return
         if txn.tag != (message.item, message.token):
             self.stats.counts["mismatched results dropped"] += 1
+            self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return
         if not message.ok:
             self.stats.counts["task errors"] += 1
+            self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return
         outcome = self._begin_commit(message.item, message.token, message.result)
         if outcome is CommitOutcome.FENCED_OUT:
             self.stats.counts["fenced out"] += 1
+            self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return
+        self._remember_committed(txn.id)
         self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
         self._committed[txn.id] = _Committed(message.item, message.token, message.result)
         self.tables.fence_passed(txn.id)
         self._free_slot(worker)  # the result is in hand: the worker is free (D1)
         self._commit(txn.id)
+
+    def _remember_committed(self, dispatch_id: int) -> None:
+        """A bounded memory of committed dispatches, so that a duplicate of
+        their result is not counted as CPU spent on a run that was redone."""
+        self._recently_committed.add(dispatch_id)
+        self._committed_order.append(dispatch_id)
+        if len(self._committed_order) > RECENTLY_COMMITTED:
+            self._recently_committed.discard(self._committed_order.popleft())
 
     def _begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
         """The fence. An ambiguous outcome is resolved before anything else:

@@ -149,6 +149,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
             "lost_workers": sorted(coordinator.lost_workers),
             "not_done": workload.remaining(),
             "in_flight": len(coordinator.tables),
+            "wasted_cpu_seconds": round(coordinator.wasted_cpu_seconds, 6),
             "recovered_after_seconds": (
                 None if recovered_after is None else round(recovered_after, 4)
             ),
@@ -193,6 +194,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         "counts": dict(sorted(coordinator_stats.items())),
         "faults_fired": {point.value: n for point, n in sorted(coordinator.faults.fired.items())},
         "lost_workers": sorted(coordinator.lost_workers),
+        "wasted_cpu_seconds": round(coordinator.wasted_cpu_seconds, 6),
         "store": dict(sorted(statuses.items())),
         "violations": list(workload.ledger.violations),
         "reruns": workload.ledger.reruns,

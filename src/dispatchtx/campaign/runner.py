@@ -284,6 +284,20 @@ class Campaign:
     def out_path(self, name: str) -> Path:
         return self.config.out / name
 
+    def faults_so_far(self) -> int:
+        """Faults fired so far, from what every job wrote about itself."""
+        total = 0
+        for slot in self.slots:
+            for launch in slot.launches:
+                path = Path(f"{launch.report_path}.status")
+                try:
+                    status = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                total += sum(status.get("faults_fired", {}).values())
+                total += sum(status.get("disk_faults_fired", {}).values())
+        return total
+
     def show_progress(self) -> None:
         done = self.done_items()
         now = self.elapsed()
@@ -292,7 +306,7 @@ class Campaign:
         rate = done / now if now else 0.0
         print(
             f"\r{now:6.1f} s  results triaged {done:5d}/{self.config.items}  "
-            f"{rate:6.1f}/s  kills {kills}  restarts "
+            f"{rate:6.1f}/s  faults fired {self.faults_so_far():5d}  kills {kills}  restarts "
             f"{sum(len(s.launches) - 1 for s in self.slots)}",
             end="",
             file=sys.stderr,
@@ -351,6 +365,7 @@ class Campaign:
             others = [f for f in files if f.startswith(prefix) and f != name]
             applied_twice += len(others)
         merged: Counter[str] = Counter()
+        wasted_cpu = 0.0
         proposal_attempts: Counter[str] = Counter()
         fired: Counter[str] = Counter()
         leaks: list[str] = []
@@ -363,6 +378,7 @@ class Campaign:
                     if status_path.exists():
                         status = json.loads(status_path.read_text())
                         merged.update(status["counts"])
+                        wasted_cpu += status.get("wasted_cpu_seconds", 0.0)
                         fired.update(status["faults_fired"])
                         fired.update(status.get("disk_faults_fired", {}))
                         if launch.number > 1 and status.get("recovered_after_seconds") is not None:
@@ -375,6 +391,7 @@ class Campaign:
                             )
                     continue
                 merged.update(launch.report["counts"])
+                wasted_cpu += launch.report.get("wasted_cpu_seconds", 0.0)
                 fired.update(launch.report["faults_fired"])
                 fired.update(launch.report.get("disk_faults_fired", {}))
                 leaks.extend(launch.report["leaks_after_shutdown"])
@@ -427,6 +444,11 @@ class Campaign:
             "faults_fired": dict(sorted(fired.items())),
             "requested_faults_not_fired": unfired,
             "leaks": leaks,
+            # Per resource kind (leases, targets, shards, bandit tokens,
+            # algorithm tokens, pairings, proposal states, dispatch log, ...).
+            "leaks_per_resource": dict(Counter(leak.split(":", 1)[0] for leak in leaks)),
+            "duplicate_execution_cpu_seconds": round(wasted_cpu, 4),
+            "worker_object_misses_or_task_errors": merged["task errors"],
             "leaked_claims_in_store": statuses.get("claimed", 0),
             "left_committing_in_store": statuses.get("committing", 0),
             "stale_or_duplicate_results_dropped": merged["stale or duplicate results dropped"],
@@ -510,6 +532,8 @@ def print_report(report: dict[str, Any]) -> None:
         "triage_reruns",
         "items_rolled_forward_by_a_peer",
         "items_rolled_forward_by_a_restart",
+        "duplicate_execution_cpu_seconds",
+        "worker_object_misses_or_task_errors",
     ):
         print(f"  {key:<40}{report[key]}")
     print(f"  {'leaks':<40}{len(report['leaks'])}")
