@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     campaign.add_argument("--coordinators", type=int, default=2)
     campaign.add_argument("--ranks", type=int, default=3, help="per coordinator (1 + workers)")
     campaign.add_argument("--items", type=int, default=200, help="the work budget")
+    campaign.add_argument(
+        "--batches-per-seed",
+        type=int,
+        default=2,
+        help="fuzz: mutation batches per seed (more makes a longer campaign)",
+    )
     campaign.add_argument("--max-in-flight", type=int, default=2)
     campaign.add_argument(
         "--faults",
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             picture=not args.no_picture,
             kill_one_for_good=args.coordinators > 1,
             workload=args.workload,
+            batches_per_seed=args.batches_per_seed,
         )
         report = run_campaign(config)
         print_report(report)

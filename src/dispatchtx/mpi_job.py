@@ -73,6 +73,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "fuzzing over bundled targets, every resource kind on every dispatch",
     )
     parser.add_argument("--items", type=int, default=200, help="the work budget")
+    parser.add_argument(
+        "--batches-per-seed", type=int, default=2, help="fuzz: mutation batches per seed"
+    )
     parser.add_argument("--item-prefix", default="item")
     parser.add_argument("--max-in-flight", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=2.0)
@@ -113,7 +116,13 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     if args.workload == "fuzz":
         if args.results is None:
             raise SystemExit("--workload fuzz needs --results, the campaign directory")
-        workload = FuzzWorkload(fs, args.results, FuzzConfig(budget=args.items, rng_seed=args.seed))
+        workload = FuzzWorkload(
+            fs,
+            args.results,
+            FuzzConfig(
+                budget=args.items, batches_per_seed=args.batches_per_seed, rng_seed=args.seed
+            ),
+        )
     else:
         results = None if args.results is None else (fs, args.results)
         workload = HashWorkload(args.items, prefix=args.item_prefix, results=results)

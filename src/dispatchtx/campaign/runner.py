@@ -77,6 +77,7 @@ class CampaignConfig:
     timeout: float = 600.0
     picture: bool = True
     workload: str = "fuzz"  # or "hash", the small self-checking one
+    batches_per_seed: int = 2
 
 
 @dataclass
@@ -153,6 +154,7 @@ class Campaign:
             *("--store", str(self.store_dir), "--report", str(report)),
             *("--coordinator-id", slot.name, "--items", str(config.items)),
             *("--workload", config.workload),
+            *("--batches-per-seed", str(config.batches_per_seed)),
             *("--journal", str(config.out / "journals" / f"{slot.name}.journal")),
             *("--results", str(self.results_dir)),
             *("--max-in-flight", str(config.max_in_flight)),
