@@ -57,3 +57,22 @@ def add_three(tables: DispatchTables, recorder: Recorder, worker: int = 0) -> in
 def table_state(tables: DispatchTables) -> list[tuple[int, int, str]]:
     """What every table holds, for "nothing moved" checks."""
     return [(txn.id, txn.worker, txn.phase.name) for txn in tables.in_flight()]
+
+
+def require_mpi() -> None:
+    """Skip where there is no MPI, unless DISPATCHTX_REQUIRE_MPI says the MPI
+    tests must run (tox sets it: a skipped MPI leg is no leg)."""
+    import os
+
+    import pytest
+
+    try:
+        import mpi4py  # noqa: F401
+
+        from dispatchtx.launch import find_mpiexec
+
+        find_mpiexec()
+    except Exception as error:
+        if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
+            raise
+        pytest.skip(f"no MPI here: {error}")

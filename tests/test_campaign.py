@@ -6,29 +6,17 @@ short simulation merged; the report re-derived from disk must pass."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def _require_mpi() -> None:
-    try:
-        import mpi4py  # noqa: F401
-
-        from dispatchtx.launch import find_mpiexec
-
-        find_mpiexec()
-    except Exception as error:
-        if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
-            raise
-        pytest.skip(f"no MPI here: {error}")
+from support import require_mpi
 
 
 def run_campaign(tmp_path: Path, *options: str) -> dict[str, object]:
-    _require_mpi()
+    require_mpi()
     out = tmp_path / "campaign"
     done = subprocess.run(
         [

@@ -12,24 +12,12 @@ import pytest
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import RealClock, RealFS, SimulatedFS
+from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport
 from dispatchtx.workloads import HashWorkload, hash_task
 
 ROOT = "/store"
-
-
-class TransportClock:
-    """The store reads time from the simulated transport's virtual clock."""
-
-    def __init__(self, transport: SimulatedTransport) -> None:
-        self._transport = transport
-
-    def monotonic(self) -> float:
-        return self._transport.now()
-
-    def wall(self) -> float:
-        return 1.7e9 + self._transport.now()
 
 
 @dataclass
@@ -53,7 +41,9 @@ def make_world(
     *, workers: int = 3, items: int = 24, seed: int = 0, faults: SimFaults | None = None
 ) -> World:
     transport = SimulatedTransport(workers, hash_task, seed=seed, faults=faults or SimFaults())
-    return World(transport, SimulatedFS(seed=seed), HashWorkload(items), TransportClock(transport))
+    return World(
+        transport, SimulatedFS(seed=seed), HashWorkload(items), TransportClock(transport, 1.7e9)
+    )
 
 
 def assert_clean_end(world: World, coordinator: Coordinator) -> None:

@@ -4,29 +4,17 @@ faults injected, checked for leaks and double commits by itself."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-
-def _require_mpi() -> None:
-    try:
-        import mpi4py  # noqa: F401
-
-        from dispatchtx.launch import find_mpiexec
-
-        find_mpiexec()
-    except Exception as error:
-        if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
-            raise
-        pytest.skip(f"no MPI here: {error}")
+from support import require_mpi
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 5])
 def test_example_job_commits_every_task_once_and_leaks_nothing(ranks: int) -> None:
-    _require_mpi()
+    require_mpi()
     out = subprocess.run(
         [
             sys.executable,

@@ -36,6 +36,7 @@ from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
 from dispatchtx.fs import FaultPlan as DiskFaults
 from dispatchtx.objects import object_id_of
 from dispatchtx.resources import ProposalState
+from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport, Work
 
@@ -150,19 +151,6 @@ def test_a_malformed_result_is_refused() -> None:
 # -- whole runs under the coordinator -----------------------------------------------
 
 
-class TransportClock:
-    """The store reads time from the simulated transport's virtual clock."""
-
-    def __init__(self, transport: SimulatedTransport) -> None:
-        self._transport = transport
-
-    def monotonic(self) -> float:
-        return self._transport.now()
-
-    def wall(self) -> float:
-        return 1.7e9 + self._transport.now()
-
-
 @dataclass
 class World:
     transport: SimulatedTransport
@@ -205,7 +193,9 @@ def make_world(
     transport = SimulatedTransport(workers, fuzz_task, seed=seed, faults=faults or SimFaults())
     fs = SimulatedFS(seed=seed) if disk is None else disk
     config = FuzzConfig(budget=budget, batch_size=16, rng_seed=seed)
-    return World(transport, fs, TransportClock(transport), FuzzWorkload(fs, CAMPAIGN, config))
+    return World(
+        transport, fs, TransportClock(transport, 1.7e9), FuzzWorkload(fs, CAMPAIGN, config)
+    )
 
 
 def assert_clean_end(world: World, coordinator: Coordinator) -> CampaignCheck:
@@ -397,7 +387,7 @@ def test_a_peer_rolls_forward_and_adopts_what_a_coordinator_killed_for_good_left
     for index, name in enumerate(("coord-a", "coord-b")):
         transport = SimulatedTransport(2, fuzz_task, seed=index)
         store = WorkStore(
-            disk, ROOT, TransportClock(transport), ttl=0.5, retry_pause=lambda seconds: None
+            disk, ROOT, TransportClock(transport, 1.7e9), ttl=0.5, retry_pause=lambda seconds: None
         )
         workload = FuzzWorkload(disk, CAMPAIGN, config, ledger=ledger)
         plan = FaultPlan({FaultPoint.KILL_AFTER_STORE_COMMIT: 0.05}, seed=3) if index == 0 else None

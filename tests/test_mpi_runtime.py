@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -18,24 +17,13 @@ import pytest
 
 from dispatchtx.launch import kill_job, start_job
 
+from support import require_mpi
+
 JOB_TIMEOUT = 90.0
 
 
-def _require_mpi() -> None:
-    try:
-        import mpi4py  # noqa: F401
-
-        from dispatchtx.launch import find_mpiexec
-
-        find_mpiexec()
-    except Exception as error:
-        if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
-            raise
-        pytest.skip(f"no MPI here: {error}")
-
-
 def run_job(tmp_path: Path, ranks: int, *options: str) -> dict[str, Any]:
-    _require_mpi()
+    require_mpi()
     report = tmp_path / "report.json"
     job = start_job(
         ranks,

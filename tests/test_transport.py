@@ -43,6 +43,8 @@ from dispatchtx.transport import (
     run_task,
 )
 
+from support import require_mpi
+
 OBJECT_ID = "a" * 64
 OTHER_ID = "b" * 64
 
@@ -698,19 +700,6 @@ def test_closed_and_misused_simulator_raise_clear_errors() -> None:
 # ------------------------------------------------------------- real MPI
 
 
-def _require_mpi() -> None:
-    try:
-        import mpi4py  # noqa: F401
-
-        from dispatchtx.launch import find_mpiexec
-
-        find_mpiexec()
-    except Exception as error:
-        if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
-            raise
-        pytest.skip(f"no MPI here (mpi4py or mpiexec missing): {error}")
-
-
 def _run_self_test(ranks: int, report: Path, *args: str) -> dict[str, object]:
     code = run_job(ranks, "dispatchtx.transport", ["--report", str(report), *args], timeout=60.0)
     assert code != 124, "the MPI job hung and was killed"
@@ -744,7 +733,7 @@ def job_report(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.parametrize("ranks", [3, 5])
 def test_mpi_pipelined_round_trips_all_come_back_correct(ranks: int, job_report: Path) -> None:
-    _require_mpi()
+    require_mpi()
     report = _run_self_test(
         ranks,
         job_report,
@@ -775,7 +764,7 @@ def test_mpi_pipelined_round_trips_all_come_back_correct(ranks: int, job_report:
 
 
 def test_mpi_hung_worker_is_found_by_deadline_and_its_work_redone(job_report: Path) -> None:
-    _require_mpi()
+    require_mpi()
     # Worker 1 SIGSTOPs itself on its third Work. The job can never end by
     # itself (the stopped rank never finalizes): read the report, then kill
     # the job's process group.

@@ -89,6 +89,7 @@ class HashWorkload:
         self.items = [f"{prefix}-{i}" for i in range(n_items)]
         self._queue: deque[str] = deque(self.items)
         self._status = dict.fromkeys(self.items, "pending")
+        self._unfinished = len(self.items)  # pending or taken: O(1) `remaining`
         self.ledger = TriageLedger() if ledger is None else ledger
         self.dropped: dict[str, str] = {}
         # Where triage links each committed result, as a shared effect that
@@ -111,16 +112,21 @@ class HashWorkload:
             self._queue.append(work_id)
 
     def done(self, work_id: str) -> None:
-        if work_id in self._status:
-            self._status[work_id] = "done"
+        self._finish(work_id, "done")
 
     def drop(self, work_id: str, reason: str) -> None:
-        if self._status.get(work_id) != "done":
-            self._status[work_id] = "dropped"
+        if self._finish(work_id, "dropped"):
             self.dropped[work_id] = reason
 
+    def _finish(self, work_id: str, status: str) -> bool:
+        if self._status.get(work_id) not in ("pending", "taken"):
+            return False  # unknown, or already done or dropped
+        self._status[work_id] = status
+        self._unfinished -= 1
+        return True
+
     def remaining(self) -> int:
-        return sum(1 for status in self._status.values() if status in ("pending", "taken"))
+        return self._unfinished
 
     def status(self, work_id: str) -> str:
         return self._status[work_id]
