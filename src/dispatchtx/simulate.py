@@ -29,6 +29,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatchtx.campaign.fuzz import (
+    FuzzConfig,
+    FuzzLedger,
+    FuzzWorkload,
+    check_campaign_dir,
+    committed_slots,
+    fuzz_task,
+)
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import Fault, FaultKind, Op, SimulatedCrash, SimulatedFS
@@ -41,6 +49,7 @@ from dispatchtx.workloads import HashWorkload, TriageLedger, hash_task
 __all__ = ["ScheduleReport", "main", "run_schedule", "run_schedules"]
 
 ROOT = "/store"
+CAMPAIGN = "/campaign"
 KILL_POINTS: tuple[FaultPoint, ...] = (
     FaultPoint.KILL_AFTER_STORE_COMMIT,
     FaultPoint.KILL_MID_TRIAGE,
@@ -109,7 +118,7 @@ class Host:
     name: str
     transport: SimulatedTransport
     clock: TransportClock
-    workload: HashWorkload
+    workload: HashWorkload | FuzzWorkload
     coordinator: Coordinator | None
     local_disk: SimulatedFS  # the host's own disk, for its journal
     dead_for_good: bool = False
@@ -146,7 +155,12 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         "disk_fault_rate": rng.choice((0.0, 0.0, 0.01, 0.03)),
         "kills": rng.randint(0, 2),
         "kill_one_for_good": n_hosts == 2 and rng.random() < 0.4,
+        # Half the schedules run the campaign's fuzzing workload: every
+        # resource kind (targets, shards, bandit, algorithm selection,
+        # pairing, proposals, object cache) on every dispatch.
+        "workload": "fuzz" if rng.random() < 0.5 else "hash",
     }
+    fuzzing = shape["workload"] == "fuzz"
     report = ScheduleReport(seed, schedule, shape)
     disk_faults = RandomDiskFaults(random.Random(rng.random()), shape["disk_fault_rate"])
     fs = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
@@ -154,6 +168,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     shared_items = HashWorkload(n_items).items
     # One ledger of triage effects, as the shared corpus would be.
     ledger = TriageLedger()
+    fuzz_ledger = FuzzLedger()
     expected = HashWorkload(n_items)
     hosts: list[Host] = []
     for index in range(n_hosts):
@@ -169,9 +184,17 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             stale_seconds=3.0,
         )
         transport = SimulatedTransport(
-            shape["workers"][index], hash_task, seed=rng.randrange(2**32), faults=sim_faults
+            shape["workers"][index],
+            fuzz_task if fuzzing else hash_task,
+            seed=rng.randrange(2**32),
+            faults=sim_faults,
         )
-        workload = HashWorkload(n_items, ledger=ledger)
+        workload: HashWorkload | FuzzWorkload
+        if fuzzing:
+            fuzz = FuzzConfig(budget=n_items, batch_size=4, rng_seed=rng.randrange(2**16))
+            workload = FuzzWorkload(fs, CAMPAIGN, fuzz, ledger=fuzz_ledger)
+        else:
+            workload = HashWorkload(n_items, ledger=ledger)
         clock = TransportClock(transport, 1.7e9 + rng.uniform(-5, 5))
         local_disk = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
         hosts.append(Host(f"coord-{index}", transport, clock, workload, None, local_disk))
@@ -212,6 +235,12 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     faults=plan,
                     journal_fs=host.local_disk,
                 )
+                if isinstance(host.workload, FuzzWorkload):
+                    # A new incarnation's adapters, on its tables; what the
+                    # dead one had taken is offered again.
+                    host.workload.attach(
+                        host.coordinator.tables, dispatch_log=host.coordinator.dispatch_log
+                    )
                 return
             except (StoreError, OSError):
                 report.counts["failed starts"] += 1
@@ -250,6 +279,18 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     if host.transport.is_crashed(worker):
                         host.transport.revive(worker)
                     host.coordinator.readmit(worker)
+                if isinstance(host.workload, FuzzWorkload) and host.workload.remaining() == 0:
+                    # Items only a peer killed for good knew: take them on.
+                    try:
+                        unsettled = [
+                            state.work_id
+                            for state in host.coordinator.store.items()
+                            if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
+                        ]
+                    except StoreError:
+                        unsettled = []
+                    for work_id in unsettled:
+                        host.workload.adopt(work_id)
         host = hosts[steps % len(hosts)]
         if host.dead_for_good or host.coordinator is None:
             continue
@@ -275,7 +316,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     victim.dead_for_good = True
                     report.fired["killed-for-good"] += 1
                     continue
-                _restart_state(victim.workload)
+                if isinstance(victim.workload, HashWorkload):
+                    _restart_state(victim.workload)
                 start(victim)
         except Exception as error:  # a crash of the code under test is a violation
             report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
@@ -290,6 +332,17 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             gather(host)
             for leak in host.coordinator.leaks():
                 report.violations.append(f"{host.name} leaked {leak}")
+            if isinstance(host.workload, FuzzWorkload):
+                # Every resource kind, per adapter: leases, assignments,
+                # pending tokens, proposal states.
+                for leak in host.workload.leaks():
+                    report.violations.append(f"{host.name} leaked {leak}")
+                counted, sent = host.workload.proposal_attempts()
+                report.counts["proposal attempts"] += counted
+                if counted != sent:
+                    report.violations.append(
+                        f"{host.name}: proposal attempts {counted} counted, {sent} sent"
+                    )
         for name, count in host.transport.stats.items():
             if name in TRANSPORT_FAULTS and count:
                 report.fired[TRANSPORT_FAULTS[name]] += count
@@ -304,6 +357,19 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             report.violations.append(f"{state.work_id} left {state.status.value} in the store")
         if state.status is ItemStatus.QUARANTINED:
             report.counts["quarantined"] += 1
+    if report.counts["task errors"]:
+        report.violations.append(
+            f"{report.counts['task errors']} tasks ran without their object (false cache hit)"
+        )
+    if fuzzing:
+        check = check_campaign_dir(fs, CAMPAIGN, committed=committed_slots(store.items()))
+        report.violations.extend(check.problems)
+        report.violations.extend(fuzz_ledger.violations)
+        if fuzz_ledger.effects_applied_twice:
+            report.violations.append(f"{fuzz_ledger.effects_applied_twice} effects applied twice")
+        report.counts["triage reruns"] += fuzz_ledger.reruns
+        report.counts["coverage edges"] += len(check.coverage)
+        return report
     known = {state.work_id for state in store.items()}
     for item in shared_items:
         if item not in known:
@@ -317,10 +383,6 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     if applied_twice:
         report.violations.append(f"{applied_twice} local effects applied twice")
     report.counts["triage reruns"] += ledger.reruns
-    if report.counts["task errors"]:
-        report.violations.append(
-            f"{report.counts['task errors']} tasks ran without their object (false cache hit)"
-        )
     return report
 
 
