@@ -257,12 +257,31 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         for point, count in coordinator.faults.fired.items():
             report.fired[point.value] += count
 
+    def adopt_orphans(live: list[Host]) -> bool:
+        """Items only a peer killed for good knew are still unsettled in the
+        store: the live coordinators take them on. True while any is left."""
+        try:
+            unsettled = [
+                state.work_id
+                for state in WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl).items()
+                if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
+            ]
+        except (StoreError, OSError):
+            return True  # a disk fault: look again
+        for host in live:
+            if isinstance(host.workload, FuzzWorkload):
+                for work_id in unsettled:
+                    host.workload.adopt(work_id)
+        return bool(unsettled)
+
     steps = 0
     killed_for_good = False
     while True:
         live = [h for h in hosts if not h.dead_for_good]
-        if all(h.workload.remaining() == 0 for h in live) and all(
-            h.coordinator is not None and len(h.coordinator.tables) == 0 for h in live
+        if (
+            all(h.workload.remaining() == 0 for h in live)
+            and all(h.coordinator is not None and len(h.coordinator.tables) == 0 for h in live)
+            and not (fuzzing and adopt_orphans(live))
         ):
             break
         steps += 1
@@ -279,18 +298,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     if host.transport.is_crashed(worker):
                         host.transport.revive(worker)
                     host.coordinator.readmit(worker)
-                if isinstance(host.workload, FuzzWorkload) and host.workload.remaining() == 0:
-                    # Items only a peer killed for good knew: take them on.
-                    try:
-                        unsettled = [
-                            state.work_id
-                            for state in host.coordinator.store.items()
-                            if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
-                        ]
-                    except StoreError:
-                        unsettled = []
-                    for work_id in unsettled:
-                        host.workload.adopt(work_id)
+
         host = hosts[steps % len(hosts)]
         if host.dead_for_good or host.coordinator is None:
             continue
