@@ -254,7 +254,10 @@ def _adopt_orphans(store: WorkStore, workload: FuzzWorkload) -> bool:
         return True  # a disk fault: look again
     unsettled = [s for s in states if s.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)]
     for state in unsettled:
-        workload.adopt(state.work_id)
+        try:
+            workload.adopt(state.work_id)  # reads the seed from the corpus
+        except OSError:
+            return True  # a disk fault: look again
     return bool(unsettled)
 
 

@@ -271,7 +271,10 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         for host in live:
             if isinstance(host.workload, FuzzWorkload):
                 for work_id in unsettled:
-                    host.workload.adopt(work_id)
+                    try:
+                        host.workload.adopt(work_id)  # reads the seed from the corpus
+                    except OSError:
+                        return True  # a disk fault: look again
         return bool(unsettled)
 
     steps = 0
