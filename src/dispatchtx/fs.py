@@ -784,6 +784,11 @@ _Node: TypeAlias = _File | _Dir
 
 def _parts(path: str) -> list[str]:
     """The components of `path`; relative paths start at the root."""
+    if path[:1] == "/":
+        # The store's own paths are already normal: skip normpath for them.
+        parts = path[1:].split("/")
+        if "" not in parts and "." not in parts and ".." not in parts:
+            return parts
     return [part for part in posixpath.normpath("/" + path).split("/") if part]
 
 
@@ -883,8 +888,11 @@ class SimulatedFS(_FaultPoints):
     # -- resolving paths (in the volatile image unless `durable`) ---------
 
     def _node(self, path: str, *, durable: bool = False) -> _Node:
+        return self._walk(_parts(path), path, durable)
+
+    def _walk(self, parts: list[str], path: str, durable: bool = False) -> _Node:
         node: _Node = self._root
-        for part in _parts(path):
+        for part in parts:
             if not isinstance(node, _Dir):
                 raise _error(errno.ENOTDIR, path)
             child = (node.durable_entries if durable else node.entries).get(part)
@@ -909,7 +917,10 @@ class SimulatedFS(_FaultPoints):
         parts = _parts(path)
         if not parts:
             raise _error(errno.EBUSY, path)  # the root has no entry to change
-        return self._dir("/".join(parts[:-1])), parts[-1]
+        folder = self._walk(parts[:-1], path)
+        if not isinstance(folder, _Dir):
+            raise _error(errno.ENOTDIR, path)
+        return folder, parts[-1]
 
     def _file_or_create(self, path: str) -> _File:
         try:
