@@ -406,6 +406,70 @@ def test_stalled_commit_is_rolled_forward_and_any_coordinator_completes(
     assert recoverer.roll_forward_candidates() == []
 
 
+def test_roll_forward_looks_only_at_marked_items_and_marks_go_when_final(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    owner = make_store(fs, clock, "owner")
+    recoverer = make_store(fs, clock, "recoverer")
+    for n in range(20):  # done items: no marks left, nothing for a look to read
+        token = owner.claim(f"done-{n}")
+        assert token is not None
+        assert owner.begin_commit(f"done-{n}", token, RESULT) is CommitOutcome.COMMITTED
+        assert owner.complete(f"done-{n}", token) is CompleteOutcome.COMPLETED
+    assert fs.listdir(f"{ROOT}/committing") == []
+    token = owner.claim(WORK)
+    assert token is not None
+    assert owner.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    assert fs.listdir(f"{ROOT}/committing") == [item_key(WORK)]
+    fs.reset_calls()
+    assert recoverer.roll_forward_candidates() == []  # the first look starts the watch
+    assert fs.calls[Op.READ] <= 6, fs.calls  # the marked item's chain only
+    fs.reset_calls()
+    assert make_store(fs, clock, "third").roll_forward_candidates(full=True) == []
+    assert fs.calls[Op.READ] > 20 * 4, fs.calls  # a full look reads all 21 chains
+    clock.advance(EXPIRY)
+    (candidate,) = recoverer.roll_forward_candidates()
+    assert candidate.work_id == WORK
+    assert recoverer.complete(WORK, token) is CompleteOutcome.COMPLETED
+    assert fs.listdir(f"{ROOT}/committing") == []
+
+
+def test_a_mark_stays_until_its_item_is_final(fs: SimulatedFS, clock: SimulatedClock) -> None:
+    owner = make_store(fs, clock, "owner")
+    peer = make_store(fs, clock, "peer")
+    token = owner.claim(WORK)
+    assert token is not None
+    # A mark written, the commit not (yet) linked: a look must not remove it,
+    # or a commit linked right after would have none.
+    fs.mkdir(f"{ROOT}/committing")
+    fs.open_append(f"{ROOT}/committing/{item_key(WORK)}").close()
+    assert peer.roll_forward_candidates() == []
+    assert fs.listdir(f"{ROOT}/committing") == [item_key(WORK)]
+    assert owner.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    # The owner dies after `done` but before removing the mark: the next
+    # look finds the item final and removes it.
+    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.UNLINK, path_contains="committing"))
+    assert owner.complete(WORK, token) is CompleteOutcome.COMPLETED
+    fs.fault = None
+    assert fs.listdir(f"{ROOT}/committing") == [item_key(WORK)]
+    assert peer.roll_forward_candidates() == []
+    assert fs.listdir(f"{ROOT}/committing") == []
+
+
+def test_after_a_power_loss_only_the_full_look_is_sure_to_find_a_commit(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    owner = make_store(fs, clock, "owner")
+    token = owner.claim(WORK)
+    assert token is not None
+    assert owner.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    fs.crash("power")  # the commit slot was fsynced; the mark's directory entry was not
+    restarted = make_store(fs, clock, "owner")
+    assert restarted.roll_forward_candidates() == []
+    (candidate,) = restarted.roll_forward_candidates(full=True)
+    assert (candidate.work_id, candidate.token) == (WORK, token)
+
+
 # ---------------------------------------------------------------------------
 # Incarnations
 # ---------------------------------------------------------------------------
@@ -767,7 +831,10 @@ def test_a_kill_at_every_call_never_issues_a_token_twice_nor_loses_a_commit(
 
         # Drive the item to the end from the restarted incarnation.
         if state.status is ItemStatus.COMMITTING:
-            (candidate,) = restarted.roll_forward_candidates()
+            if crash == "process":  # a kill keeps the marks: the cheap look finds it too
+                found = restarted.roll_forward_candidates()
+                assert [c.work_id for c in found] == [WORK], where
+            (candidate,) = restarted.roll_forward_candidates(full=True)
             assert candidate.result == RESULT, where
             assert restarted.complete(WORK, candidate.token) is CompleteOutcome.COMPLETED
         elif state.status is not ItemStatus.DONE:
@@ -949,7 +1016,14 @@ def test_hostile_work_ids_never_become_paths(tmp_path: Path) -> None:
     # Everything landed inside the store directory, under hashed names only.
     assert {path.name for path in (tmp_path).iterdir()} == {"inside"}
     assert {path.name for path in (tmp_path / "inside").iterdir()} == {"store"}
-    assert sorted(p.name for p in root.iterdir()) == ["incarnations", "items", "objects", "tmp"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "committing",
+        "incarnations",
+        "items",
+        "objects",
+        "tmp",
+    ]
+    assert list((root / "committing").iterdir()) == []  # every mark went with its `done`
     item_dirs = sorted(p.name for p in (root / "items").iterdir())
     assert item_dirs == sorted(item_key(w) for w in HOSTILE_WORK_IDS)
     for path in _all_files(root):

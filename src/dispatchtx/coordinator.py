@@ -196,6 +196,9 @@ class Coordinator:
         self._held_back: deque[tuple[float, int, Result | bytes]] = deque()
         self._next_heartbeat = float("-inf")
         self._recovered = False
+        # The first look for items to roll forward reads every item: after a
+        # power loss the "maybe committing" marks may be gone.
+        self._full_look_due = True
         interval = config.heartbeat_every
         self._heartbeat_every = store.ttl / 3 if interval is None else interval
         # The main thread holds this lock except while user triage code runs;
@@ -547,10 +550,15 @@ class Coordinator:
     def roll_forward(self) -> int:
         """Finish every item a stalled owner (or an earlier incarnation of
         this coordinator) left COMMITTING: rerun triage from the stored
-        result, then complete. Returns how many were rolled forward."""
+        result, then complete. Returns how many were rolled forward. Until
+        one look at every item in the store succeeded, it looks at every item;
+        then only at those marked "maybe committing"."""
         rolled = 0
         try:
-            candidates = self.store.roll_forward_candidates(self.transport.now())
+            candidates = self.store.roll_forward_candidates(
+                self.transport.now(), full=self._full_look_due
+            )
+            self._full_look_due = False
         except StoreError as error:
             self.stats.counts["roll-forward failures"] += 1
             log.info("looking for items to roll forward failed: %s", error)

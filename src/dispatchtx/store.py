@@ -14,6 +14,9 @@ Layout under the store directory `root`::
     items/<key>/s.0000000001, ...          immutable slot records, one per change
     items/<key>/hb.<token>                 the holder's heartbeat counter (advisory;
                                            written before the claim is linked)
+    committing/<key>                       "maybe committing": written before a commit
+                                           slot is linked, removed once the item is
+                                           final; roll-forward lists these, not items/
     incarnations/<coordinator>.<n>         one file per coordinator start
     objects/<aa>/<sha256>                  committed results (`dispatchtx.objects`)
     tmp/.tmp.<random>                      temp files before they are linked
@@ -356,10 +359,14 @@ class Record:
         return record
 
 
+# Made once: `json.dumps` with options builds an encoder per call.
+_ENCODER: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
+
+
 def _encode_fields(fields: dict[str, object]) -> bytes:
-    body = json.dumps(
-        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode("ascii")
+    body = _ENCODER.encode(fields).encode("ascii")
     checksum = hashlib.sha256(body).hexdigest().encode("ascii")
     return b" ".join((_RECORD_MAGIC, checksum, body)) + b"\n"
 
@@ -642,6 +649,7 @@ class WorkStore:
         self._items = os.path.join(root, "items")
         self._incarnations = os.path.join(root, "incarnations")
         self._tmp = os.path.join(root, "tmp")
+        self._committing = os.path.join(root, "committing")
         self.objects: Final = ObjectStore(fs, root)
         self._owner: Owner | None = None
         self._session = secrets.token_hex(8)  # tells this store's heartbeats from a restart's
@@ -923,6 +931,7 @@ class WorkStore:
         if settled is not None:
             return settled
         object_id = self.objects.put(result)
+        self._mark_committing(key)
         record = self._record(
             key, token + 1, Change.COMMIT, token, owner, object_id=object_id, size=len(result)
         )
@@ -967,6 +976,7 @@ class WorkStore:
                 self._watch.pop(key, None)
                 with contextlib.suppress(OSError):  # the counter is advisory: best effort
                     self._fs.unlink(self._heartbeat_path(key, token))
+                self._unmark_committing(key)
                 return CompleteOutcome.COMPLETED
             chain = self._chain(key)
         raise StoreError(f"complete of {_shown(work_id)}: the chain kept changing")
@@ -1000,6 +1010,44 @@ class WorkStore:
     def committing_items(self) -> list[ItemState]:
         return [state for state in self.items() if state.status is ItemStatus.COMMITTING]
 
+    def _marked_committing(self) -> list[ItemState]:
+        """The COMMITTING items among the marked ones; marks of final items
+        (done, quarantined) are removed on the way. A mark on an item that is
+        not final stays: its holder may be about to link the commit."""
+        try:
+            names = self._fs.listdir(self._committing)
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise StoreIOError("listing committing marks", self._committing, error) from error
+        states = []
+        for key in names:
+            if _KEY.fullmatch(key) is None:
+                continue  # not ours (a temp of an editor, say): never a path we built
+            work_id = self._work_id_of(key)
+            if work_id is None:
+                continue
+            state = self._state(key, work_id, self._load(key, work_id, create=False))
+            if state.status is ItemStatus.COMMITTING:
+                states.append(state)
+            elif state.status in (ItemStatus.DONE, ItemStatus.QUARANTINED):
+                self._unmark_committing(key)
+        return states
+
+    def _mark_committing(self, key: str) -> None:
+        """Mark the item "maybe committing" before its commit slot is linked."""
+        self._ensure_dir(self._committing)
+        path = f"{self._committing}/{key}"
+        try:
+            # An empty file, never fsynced: the full look covers a power loss.
+            self._fs.open_append(path).close()
+        except OSError as error:
+            raise StoreIOError("marking an item committing", path, error) from error
+
+    def _unmark_committing(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # a mark left behind costs a look, no more
+            self._fs.unlink(f"{self._committing}/{key}")
+
     def quarantined(self) -> list[ItemState]:
         return [state for state in self.items() if state.status is ItemStatus.QUARANTINED]
 
@@ -1013,15 +1061,30 @@ class WorkStore:
             )
         return self._result_of(state)
 
-    def roll_forward_candidates(self, now: float | None = None) -> list[RollForward]:
+    def roll_forward_candidates(
+        self, now: float | None = None, *, full: bool = False
+    ) -> list[RollForward]:
         """COMMITTING items that this coordinator should roll forward now, with
         their stored results: those of an earlier incarnation of this
         coordinator at once, and those whose owner's heartbeat this store has
         seen stand still for `ttl + margin` (the first look starts the watch).
-        Rerun triage on each result, then `complete(work_id, token)`."""
+        Rerun triage on each result, then `complete(work_id, token)`.
+
+        It looks only at items marked "maybe committing" (O(those), not
+        O(items)): a commit slot is linked only after its mark exists, and a
+        mark goes only once its item is final. A power loss can drop a mark
+        whose commit survived (the mark's directory is not fsynced), so a
+        coordinator's first look after its start is `full`: it reads every
+        item and marks the COMMITTING ones again."""
         now = self._now(now)
         candidates = []
-        for state in self.committing_items():
+        if full:
+            states = self.committing_items()
+            for state in states:  # put back marks a power loss took, for the later looks
+                self._mark_committing(state.key)
+        else:
+            states = self._marked_committing()
+        for state in states:
             assert state.owner is not None and state.token is not None
             if state.owner == self._owner:
                 continue  # ours: this incarnation is finishing it
@@ -1351,14 +1414,15 @@ class WorkStore:
             raise NotRegistered(action)
         return self._owner
 
+    # Plain concatenation: `_items` never ends in "/" and a key is 64 hex digits.
     def _item_dir(self, key: str) -> str:
-        return os.path.join(self._items, key)
+        return f"{self._items}/{key}"
 
     def _slot_path(self, key: str, slot: int) -> str:
-        return os.path.join(self._items, key, f"{_SLOT_PREFIX}{slot:010d}")
+        return f"{self._items}/{key}/{_SLOT_PREFIX}{slot:010d}"
 
     def _heartbeat_path(self, key: str, token: int) -> str:
-        return os.path.join(self._items, key, f"{_HEARTBEAT_PREFIX}{token:010d}")
+        return f"{self._items}/{key}/{_HEARTBEAT_PREFIX}{token:010d}"
 
     def _ensure_dir(self, directory: str) -> None:
         """mkdir once per store, made durable by an fsync of the parent."""
