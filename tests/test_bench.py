@@ -15,6 +15,7 @@ import pytest
 
 from dispatchtx import bench
 from dispatchtx.launch import MPIExecNotFound, find_mpiexec
+from dispatchtx.objects import object_id_of
 
 TINY = dataclasses.replace(
     bench.QUICK,
@@ -90,7 +91,7 @@ def test_coordinator_scaling_commits_every_item_and_leaks_nothing() -> None:
     assert row["workers"] == 16
     assert_spread(row["us_per_item"])
     assert len(row["us_per_item"]["samples"]) == 2
-    assert 0.0 <= row["objects_shipped_per_dispatch"] <= 1.0
+    assert row["objects_shipped_per_dispatch"] == 1.0  # each item ships its own object
     assert row["leaks"] == []
     assert row["counts"]["committed"] == 40 * 3  # the warm-up run too
 
@@ -99,6 +100,16 @@ def test_periodic_scans_are_timed() -> None:
     scans = bench.periodic_scans(20)
     assert positive(scans["workload_remaining_us_per_call"])
     assert positive(scans["store_roll_forward_candidates_us_per_call"])
+    assert positive(scans["store_full_look_us_per_call"])
+
+
+def test_a_refillable_workload_can_give_each_item_its_own_object() -> None:
+    workload = bench.RefillableWorkload(n_objects=None)
+    workload.add(["a", "b"])
+    (_, first), ids_a = workload.reserve(None, 0, "a")  # type: ignore[misc,arg-type]
+    (_, second), ids_b = workload.reserve(None, 0, "b")  # type: ignore[misc,arg-type]
+    assert ids_a == [first] and ids_b == [second] and first != second
+    assert object_id_of(workload.object_content(first)) == first
 
 
 def test_fsyncs_per_item_of_the_durable_path_are_counted(tmp_path: Path) -> None:

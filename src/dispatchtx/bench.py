@@ -432,8 +432,11 @@ class RefillableWorkload:
     `remaining()` counts every item on each call: a scan per coordinator
     step, measured apart in `periodic_scans`.)"""
 
-    def __init__(self, n_objects: int = 4) -> None:
-        contents = [f"object {i}".encode() * 8 for i in range(n_objects)]
+    def __init__(self, n_objects: int | None = 4) -> None:
+        """`n_objects` objects shared round-robin by the items, or with None
+        one object of its own per item (every dispatch ships one)."""
+        self._per_item = n_objects is None
+        contents = [f"object {i}".encode() * 8 for i in range(n_objects or 0)]
         self.object_ids = [object_id_of(content) for content in contents]
         self._by_id = dict(zip(self.object_ids, contents, strict=True))
         self._object_of: dict[str, str] = {}
@@ -446,7 +449,13 @@ class RefillableWorkload:
         for work_id in work_ids:
             if work_id in self._status:
                 raise ValueError(f"{work_id!r} was added before")
-            self._object_of[work_id] = self.object_ids[len(self._object_of) % len(self.object_ids)]
+            if self._per_item:
+                content = f"object of {work_id}".encode() * 4
+                object_id = object_id_of(content)
+                self._by_id[object_id] = content
+            else:
+                object_id = self.object_ids[len(self._object_of) % len(self.object_ids)]
+            self._object_of[work_id] = object_id
             self._status[work_id] = "pending"
             self._queue.append(work_id)
             self._remaining += 1
@@ -499,7 +508,10 @@ def coordinator_scaling(workers: int, items: int, reps: int) -> dict[str, Any]:
     transport = SimulatedTransport(workers, hash_task)
     clock = TransportClock(transport, wall_offset=1.7e9)
     store = WorkStore(SimulatedFS(), "/store", clock, ttl=SCALING_TTL)
-    workload = RefillableWorkload()
+    # Each item ships its own object, so every size does the same work per
+    # dispatch: with shared objects, 64 workers would hit their caches and
+    # 65,536 would miss (a different workload, not a scan).
+    workload = RefillableWorkload(n_objects=None)
     config = CoordinatorConfig("bench", journal_path="/journal/bench.journal")
     coordinator = Coordinator(config, transport, store, workload, journal_fs=SimulatedFS())
     setup_seconds = time.perf_counter() - setup_started
@@ -562,10 +574,14 @@ def periodic_scans(items: int) -> dict[str, Any]:
     started = time.perf_counter()
     store.roll_forward_candidates()
     roll_forward_us = (time.perf_counter() - started) * 1e6
+    started = time.perf_counter()
+    store.roll_forward_candidates(full=True)
+    full_look_us = (time.perf_counter() - started) * 1e6
     return {
         "items": items,
         "workload_remaining_us_per_call": remaining_us,
         "store_roll_forward_candidates_us_per_call": roll_forward_us,
+        "store_full_look_us_per_call": full_look_us,
     }
 
 
@@ -2073,7 +2089,9 @@ def print_table(results: dict[str, Any]) -> None:
             f"  scans per step/heartbeat at {scans['items']:,} items: HashWorkload.remaining() "
             f"{scans['workload_remaining_us_per_call']:,.0f} us per call (every step); "
             f"store.roll_forward_candidates() "
-            f"{scans['store_roll_forward_candidates_us_per_call']:,.0f} us (every heartbeat)"
+            f"{scans['store_roll_forward_candidates_us_per_call']:,.0f} us (every heartbeat: "
+            f"marked items only), {scans['store_full_look_us_per_call']:,.0f} us with full=True "
+            "(once per coordinator start)"
         )
     mpi = figures.get("mpi")
     if mpi is not None:
