@@ -769,14 +769,36 @@ class _File:
 class _Dir:
     """A directory's volatile entries and the ones its last fsync made durable."""
 
-    __slots__ = ("durable_entries", "entries")
+    __slots__ = ("_changed", "durable_entries", "entries")
 
     def __init__(self) -> None:
         self.entries: dict[str, _File | _Dir] = {}
         self.durable_entries: dict[str, _File | _Dir] = {}
+        # Names changed since the last sync: a sync costs O(changes), not
+        # O(entries) (a store's items/ directory grows with every item).
+        self._changed: set[str] = set()
+
+    def put(self, name: str, node: _File | _Dir) -> None:
+        self.entries[name] = node
+        self._changed.add(name)
+
+    def remove(self, name: str) -> None:
+        del self.entries[name]
+        self._changed.add(name)
 
     def sync(self) -> None:
-        self.durable_entries = dict(self.entries)
+        entries, durable = self.entries, self.durable_entries
+        for name in self._changed:
+            node = entries.get(name)
+            if node is None:
+                durable.pop(name, None)
+            else:
+                durable[name] = node
+        self._changed.clear()
+
+    def restore_durable(self) -> None:
+        self.entries = dict(self.durable_entries)
+        self._changed.clear()
 
 
 _Node: TypeAlias = _File | _Dir
@@ -928,7 +950,7 @@ class SimulatedFS(_FaultPoints):
         except FileNotFoundError:
             parent, name = self._parent(path)
             created = _File(b"", synced=True)
-            parent.entries[name] = created
+            parent.put(name, created)
             return created
         if isinstance(node, _Dir):
             raise _error(errno.EISDIR, path)
@@ -952,9 +974,9 @@ class SimulatedFS(_FaultPoints):
                 name = TEMP_PREFIX + f"{self._rng.getrandbits(128):032x}"
             path = posixpath.join(directory, name)
             if _is(fault, FaultKind.ENOSPC):
-                folder.entries[name] = _File(data[: fault.kept(len(data))], synced=False)
+                folder.put(name, _File(data[: fault.kept(len(data))], synced=False))
                 raise _error(errno.ENOSPC, path)
-            folder.entries[name] = _File(data, synced=True)
+            folder.put(name, _File(data, synced=True))
             return path
 
     def link(self, src: str, dst: str) -> None:
@@ -969,7 +991,7 @@ class SimulatedFS(_FaultPoints):
                 raise _error(errno.EEXIST, src, dst)
             if isinstance(source, _Dir):
                 raise _error(errno.EPERM, src, dst)
-            parent.entries[name] = source
+            parent.put(name, source)
             if _is(fault, FaultKind.LOST_LINK_REPLY):
                 raise _error(errno.EEXIST, src, dst)
 
@@ -998,8 +1020,8 @@ class SimulatedFS(_FaultPoints):
                     raise _error(errno.ENOTEMPTY, src, dst)
             elif existing is not None and isinstance(node, _Dir):
                 raise _error(errno.ENOTDIR, src, dst)
-            del src_parent.entries[src_name]
-            dst_parent.entries[dst_name] = node
+            src_parent.remove(src_name)
+            dst_parent.put(dst_name, node)
 
     def unlink(self, path: str) -> None:
         fault = self._begin(Op.UNLINK, path)
@@ -1007,7 +1029,7 @@ class SimulatedFS(_FaultPoints):
             if isinstance(self._node(path), _Dir):
                 raise _error(errno.EISDIR, path)
             parent, name = self._parent(path)
-            del parent.entries[name]
+            parent.remove(name)
 
     def mkdir(self, path: str) -> None:
         fault = self._begin(Op.MKDIR, path)
@@ -1017,7 +1039,7 @@ class SimulatedFS(_FaultPoints):
                 child = node.entries.get(part)
                 if child is None:
                     child = _Dir()
-                    node.entries[part] = child
+                    node.put(part, child)
                     node.sync()  # RealFS fsyncs the parent of each new directory
                 elif not isinstance(child, _Dir):
                     raise _error(errno.EEXIST, path)
@@ -1086,7 +1108,7 @@ class SimulatedFS(_FaultPoints):
         pending = [self._root]
         while pending:
             folder = pending.pop()
-            folder.entries = dict(folder.durable_entries)
+            folder.restore_durable()
             for node in folder.entries.values():
                 if id(node) in seen:
                     continue
