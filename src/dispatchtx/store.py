@@ -14,9 +14,10 @@ Layout under the store directory `root`::
     items/<key>/s.0000000001, ...          immutable slot records, one per change
     items/<key>/hb.<token>                 the holder's heartbeat counter (advisory;
                                            written before the claim is linked)
-    committing/<key>                       "maybe committing": written before a commit
-                                           slot is linked, removed once the item is
-                                           final; roll-forward lists these, not items/
+    committing/<key>                       "maybe committing": a second link to slot 0,
+                                           made before a commit slot is linked and
+                                           removed once the item is final; roll-forward
+                                           lists these, not items/
     incarnations/<coordinator>.<n>         one file per coordinator start
     objects/<aa>/<sha256>                  committed results (`dispatchtx.objects`)
     tmp/.tmp.<random>                      temp files before they are linked
@@ -867,7 +868,11 @@ class WorkStore:
         data = body + b" " + hashlib.sha256(body).hexdigest()[:16].encode("ascii") + b"\n"
         path = self._heartbeat_path(key, token)
         try:
-            self._fs.pwrite(path, 0, data)  # fixed length: each write replaces the last
+            # Fixed length: each write replaces the last. Not fsynced: the
+            # counter is advisory, and readers see it without (the page cache
+            # here; close-to-open on NFS). After a power loss its holder is
+            # dead anyway, and a restarted incarnation takes its claims at once.
+            self._fs.pwrite(path, 0, data, sync=False)
         except OSError as error:
             raise StoreIOError("writing a heartbeat", path, error) from error
 
@@ -923,7 +928,7 @@ class WorkStore:
         if not isinstance(result, bytes):
             raise TypeError(f"result must be bytes, not {type(result).__name__}")
         key = self._key(work_id)
-        chain = self._load(key, work_id, create=False)
+        chain = self._known_chain(key, work_id, upto=token if isinstance(token, int) else 0)
         claim = self._claim_at(work_id, chain, token)
         if claim.owner != owner:
             return CommitOutcome.FENCED_OUT
@@ -958,7 +963,7 @@ class WorkStore:
         registered coordinator may complete a commit (roll-forward)."""
         owner = self._require_owner("complete")
         key = self._key(work_id)
-        chain = self._load(key, work_id, create=False)
+        chain = self._known_chain(key, work_id, upto=token + 1 if isinstance(token, int) else 0)
         self._claim_at(work_id, chain, token)
         for _ in range(_MAX_DECISION_ROUNDS):
             if len(chain) <= token or chain[token].change is not Change.COMMIT:
@@ -1039,8 +1044,11 @@ class WorkStore:
         self._ensure_dir(self._committing)
         path = f"{self._committing}/{key}"
         try:
-            # An empty file, never fsynced: the full look covers a power loss.
-            self._fs.open_append(path).close()
+            # One call, no fsync (the full look covers a power loss): a second
+            # name for the item's first record, which is immutable.
+            self._fs.link(self._slot_path(key, 0), path)
+        except FileExistsError:
+            pass  # marked already (an earlier attempt, or an earlier claim's)
         except OSError as error:
             raise StoreIOError("marking an item committing", path, error) from error
 
@@ -1139,7 +1147,13 @@ class WorkStore:
                 self._ensure_dir(self._items)
                 self._ensure_dir(self._item_dir(key))
                 record = self._record(key, 0, Change.ITEM, 0, owner, work_id=work_id)
-                first = self._publish(key, record, "create item").record
+                published = self._publish(key, record, "create item")
+                first = published.record
+                if published.ours and first.work_id == work_id:
+                    # Ours a moment ago: slot 1 can only be a racing claim,
+                    # and our claim's link will meet it.
+                    self._work_ids[key] = work_id
+                    return self._chains.setdefault(key, [])
             if first is None and self._slot_exists(key, 1):
                 # Slot 0 is durable before slot 1 is linked: an "absent" here is a
                 # stale negative look-up, or the record really is missing.
@@ -1160,6 +1174,22 @@ class WorkStore:
                 )
             self._work_ids[key] = work_id
         return self._chain(key)
+
+    def _known_chain(self, key: str, work_id: str, upto: int) -> list[Record]:
+        """The cached chain as it is, without reading ahead, when it holds
+        slots 1..`upto` and nothing of ours is pending; else `_load`. For a
+        publisher of slot `upto + 1` only: a slot published meanwhile makes
+        its `link` fail with EEXIST, and it reads on from there (the link
+        decides, never the read)."""
+        chain = self._chains.get(key)
+        if (
+            chain is not None
+            and len(chain) == upto
+            and not self._pending
+            and self._work_ids.get(key) == work_id
+        ):
+            return chain
+        return self._load(key, work_id, create=False)
 
     def _read_first(self, key: str) -> Record | None:
         try:
