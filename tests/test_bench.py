@@ -106,10 +106,12 @@ def test_periodic_scans_are_timed() -> None:
 def test_a_refillable_workload_can_give_each_item_its_own_object() -> None:
     workload = bench.RefillableWorkload(n_objects=None)
     workload.add(["a", "b"])
-    (_, first), ids_a = workload.reserve(None, 0, "a")  # type: ignore[misc,arg-type]
-    (_, second), ids_b = workload.reserve(None, 0, "b")  # type: ignore[misc,arg-type]
-    assert ids_a == [first] and ids_b == [second] and first != second
-    assert object_id_of(workload.object_content(first)) == first
+    txn: Any = None  # reserve() registers nothing in it
+    payload_a, ids_a = workload.reserve(txn, 0, "a")
+    payload_b, ids_b = workload.reserve(txn, 0, "b")
+    assert payload_a == ["a", *ids_a] and payload_b == ["b", *ids_b]
+    assert len(ids_a) == 1 and ids_a != ids_b
+    assert object_id_of(workload.object_content(ids_a[0])) == ids_a[0]
 
 
 def test_fsyncs_per_item_of_the_durable_path_are_counted(tmp_path: Path) -> None:

@@ -215,6 +215,8 @@ def test_real_pwrite_creates_overwrites_in_place_and_zero_fills(tmp_path: Path) 
     assert fs.read(path) == b"\0\0ab"
     fs.pwrite(path, 0, b"XYZ")
     assert fs.read(path) == b"XYZb"
+    fs.pwrite(path, 3, b"!", sync=False)
+    assert fs.read(path) == b"XYZ!"
 
 
 def test_real_clock_reads_the_host_clocks() -> None:
@@ -461,6 +463,26 @@ def test_pwrite_is_durable_but_its_new_name_needs_fsync_dir(sim: SimulatedFS) ->
     sim.crash("power")
     assert sim.read("/store/heartbeat") == b"0099"
     assert not sim.exists("/store/other")
+
+
+def test_pwrite_without_sync_is_seen_at_once_but_lost_on_power_loss(sim: SimulatedFS) -> None:
+    sim.pwrite("/store/heartbeat", 0, b"0001")
+    sim.fsync_dir("/store")
+    sim.pwrite("/store/heartbeat", 0, b"0002", sync=False)
+    assert sim.read("/store/heartbeat") == b"0002"
+    assert sim.durable_read("/store/heartbeat") == b"0001"
+    sim.crash("process")  # the page cache survives a kill
+    assert sim.read("/store/heartbeat") == b"0002"
+    sim.crash("power")
+    assert sim.read("/store/heartbeat") == b"0001"
+
+
+def test_pwrite_without_sync_fails_plainly_on_eio(sim: SimulatedFS) -> None:
+    sim.pwrite("/store/heartbeat", 0, b"0001")
+    sim.fault = only(Fault(FaultKind.EIO), Op.PWRITE)
+    with pytest.raises(OSError):
+        sim.pwrite("/store/heartbeat", 0, b"0002", sync=False)
+    assert sim.read("/store/heartbeat") == b"0001"
 
 
 def test_truncate_below_the_synced_size_is_undone_by_power_loss(sim: SimulatedFS) -> None:

@@ -1128,14 +1128,15 @@ class CountingFS(RealFS):
         finally:
             self._in_mkdir = False
 
-    def pwrite(self, path: str, offset: int, data: bytes) -> None:
+    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
         created = not os.path.lexists(path)
         if created:
             self._changed(os.path.dirname(path))
-        super().pwrite(path, offset, data)
-        kind = "new" if created else "rewrite"
-        self.count.add(kind)
-        self.note(kind, f"pwrite({path})")
+        super().pwrite(path, offset, data, sync=sync)
+        if sync:
+            kind = "new" if created else "rewrite"
+            self.count.add(kind)
+            self.note(kind, f"pwrite({path})")
 
     def fsync_dir(self, path: str) -> None:
         super().fsync_dir(path)
