@@ -3,7 +3,9 @@ simulated disk: the normal flow and each fault point (DESIGN.md §6)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import RealClock, RealFS, SimulatedFS
+from dispatchtx.fs import Fault, FaultKind, Op, RealClock, RealFS, SimulatedFS
 from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport
@@ -31,9 +33,16 @@ class World:
         return WorkStore(self.fs, ROOT, self.clock, ttl=ttl, retry_pause=lambda seconds: None)
 
     def coordinator(
-        self, plan: FaultPlan | None = None, *, max_in_flight: int = 1, deadline: float = 2.0
+        self,
+        plan: FaultPlan | None = None,
+        *,
+        max_in_flight: int = 1,
+        deadline: float = 2.0,
+        group_commit: bool = True,
     ) -> Coordinator:
-        config = CoordinatorConfig("coord-a", max_in_flight=max_in_flight, deadline=deadline)
+        config = CoordinatorConfig(
+            "coord-a", max_in_flight=max_in_flight, deadline=deadline, group_commit=group_commit
+        )
         return Coordinator(config, self.transport, self.store(), self.workload, faults=plan)
 
 
@@ -76,6 +85,66 @@ def test_pipelining_keeps_several_dispatches_in_flight_per_worker() -> None:
     coordinator.step()
     assert len(list(coordinator.tables.in_flight())) == 8
     coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+
+
+@pytest.mark.parametrize("group_commit", [True, False])
+def test_results_taken_together_pass_the_fence_as_one_group(group_commit: bool) -> None:
+    world = make_world(workers=8, items=64)
+    coordinator = world.coordinator(max_in_flight=2, group_commit=group_commit)
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+    assert coordinator.stats["committed"] == 64
+    if group_commit:
+        assert coordinator.stats["group commits"] >= 1
+        assert coordinator.stats["results in group commits"] > coordinator.stats["group commits"]
+    else:
+        assert coordinator.stats["group commits"] == 0
+
+
+def test_a_group_whose_fsync_fails_is_settled_one_by_one() -> None:
+    world = make_world(workers=8, items=48)
+    coordinator = world.coordinator(max_in_flight=2)
+    failing = {"left": 0}
+
+    def hook(op: Op, path: str) -> Fault | None:
+        # Fail every directory fsync of the first group commit's end, until
+        # the store gives up on it (OutcomeUnknown); then the disk heals.
+        if op is Op.FSYNC_DIR and "/items/" in path and failing["left"] > 0:
+            failing["left"] -= 1
+            return Fault(FaultKind.EIO)
+        return None
+
+    world.fs.fault = hook
+    real_batch = coordinator.store.batch
+    batches = {"n": 0}
+
+    @contextlib.contextmanager
+    def batch() -> Iterator[None]:
+        batches["n"] += 1
+        with real_batch():
+            yield
+            if batches["n"] == 1:  # every attempt at every directory of the group
+                failing["left"] = 20 * len(coordinator.store._deferred or {})
+
+    coordinator.store.batch = batch  # type: ignore[method-assign]
+    coordinator.run(max_steps=10_000)
+    assert coordinator.stats["group commits retried"] == 1
+    assert_clean_end(world, coordinator)
+
+
+def test_a_duplicate_inside_a_group_is_dropped() -> None:
+    world = make_world(workers=8, items=48, seed=5)
+    plan = FaultPlan({FaultPoint.DUPLICATE_RESULT: 0.3}, seed=5)
+    coordinator = world.coordinator(plan, max_in_flight=2)
+    coordinator.run(max_steps=10_000)
+    assert plan.fired[FaultPoint.DUPLICATE_RESULT] >= 1
+    assert coordinator.stats["group commits"] >= 1
+    assert (
+        coordinator.stats["stale or duplicate results dropped"]
+        >= plan.fired[FaultPoint.DUPLICATE_RESULT]
+    )
+    assert coordinator.stats["committed"] == 48
     assert_clean_end(world, coordinator)
 
 

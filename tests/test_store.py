@@ -470,6 +470,109 @@ def test_after_a_power_loss_only_the_full_look_is_sure_to_find_a_commit(
     assert (candidate.work_id, candidate.token) == (WORK, token)
 
 
+def test_a_claim_that_finds_a_commit_marks_it_again(fs: SimulatedFS, clock: SimulatedClock) -> None:
+    owner = make_store(fs, clock, "owner")
+    token = owner.claim(WORK)
+    assert token is not None
+    assert owner.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    fs.crash("power")  # the mark is gone, the commit is not
+    peer = make_store(fs, clock, "peer")
+    # The peer's full look reads the commit slot as absent (a stale look-up):
+    # it sees a claim, and marks nothing.
+    fs.fault = FaultPlan(
+        FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="s.0000000002")
+    )
+    assert peer.roll_forward_candidates(full=True) == []
+    fs.fault = None
+    assert peer.roll_forward_candidates() == []
+    assert fs.listdir(f"{ROOT}/committing") == []
+    # Its workload offers the item again: the claim finds the commit and marks it.
+    assert peer.try_claim(WORK).outcome is ClaimOutcome.COMMITTING
+    assert fs.listdir(f"{ROOT}/committing") == [item_key(WORK)]
+    assert peer.roll_forward_candidates() == []  # the watch starts
+    clock.advance(EXPIRY)
+    (candidate,) = peer.roll_forward_candidates()
+    assert (candidate.work_id, candidate.token) == (WORK, token)
+
+
+# ---------------------------------------------------------------------------
+# Group commit
+# ---------------------------------------------------------------------------
+
+
+def test_a_batch_fsyncs_each_directory_once_at_its_end(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    works = [f"work-{n}" for n in range(3)]
+    tokens = [store.claim(work) for work in works]
+    assert tokens == [1, 1, 1]
+    fs.log = []
+
+    def item_fsyncs() -> list[str]:
+        assert fs.log is not None
+        return [call.path for call in fs.log if call.op is Op.FSYNC_DIR and "/items/" in call.path]
+
+    with store.batch():
+        for work in works:
+            assert store.begin_commit(work, 1, RESULT) is CommitOutcome.COMMITTED
+            # Decided (linked), not yet durable: nothing may act on it yet.
+            assert fs.exists(slot_path(work, 2)) and not fs.durable_exists(slot_path(work, 2))
+        assert item_fsyncs() == []
+    assert sorted(item_fsyncs()) == sorted(f"{ROOT}/items/{item_key(work)}" for work in works)
+    assert all(fs.durable_exists(slot_path(work, 2)) for work in works)
+    assert not any(call.op is Op.READ for call in fs.log)  # the cached chains were current
+    with store.batch():
+        for work in works:
+            assert store.complete(work, 1) is CompleteOutcome.COMPLETED
+    fs.crash("power")
+    assert all(make_store(fs, clock).read(w).status is ItemStatus.DONE for w in works)
+
+
+def test_a_power_loss_inside_a_batch_loses_what_it_published(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    fs.fault = FaultPlan(
+        FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains=item_key(WORK))
+    )
+    with pytest.raises(SimulatedCrash), store.batch():
+        assert store.claim(WORK) == 1
+        assert not fs.durable_exists(slot_path(WORK, 1))
+    fs.crash("power")  # the claim was never acted on: losing it is allowed
+    fs.fault = None
+    restarted = make_store(fs, clock, "coord")
+    assert restarted.read(WORK).status is ItemStatus.FREE
+
+
+def test_a_failed_batch_fsync_leaves_the_commit_to_be_settled_by_a_retry(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    token = store.claim(WORK)
+    assert token is not None
+    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items"))
+    with pytest.raises(OutcomeUnknown), store.batch():
+        assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    assert not fs.durable_exists(slot_path(WORK, 2))
+    fs.fault = None
+    # Calling again finds our own pending commit and makes it durable.
+    assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    assert fs.durable_exists(slot_path(WORK, 2))
+
+
+def test_a_batch_ended_by_an_error_still_fsyncs_and_batches_do_not_nest(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    with pytest.raises(ValueError), store.batch():
+        assert store.claim(WORK) == 1
+        raise ValueError("the caller failed")
+    assert fs.durable_exists(slot_path(WORK, 1))
+    with store.batch(), pytest.raises(RuntimeError, match="do not nest"), store.batch():
+        pass
+
+
 # ---------------------------------------------------------------------------
 # Incarnations
 # ---------------------------------------------------------------------------

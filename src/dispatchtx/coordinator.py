@@ -120,6 +120,10 @@ class CoordinatorConfig:
     # longer than the TTL cannot starve them (real clocks only: under the
     # simulator's virtual time, steps heartbeat).
     background_heartbeat: bool = False
+    # Group commit: the results taken in one poll pass the fence together
+    # (their commit slots fsynced once per batch), then are triaged, and
+    # their `done` slots are grouped the same way.
+    group_commit: bool = True
 
 
 @dataclass
@@ -247,8 +251,12 @@ class Coordinator:
             self._recovered = True
         self._retry_parked()
         self._dispatch_to_free_workers()
-        for worker, message in self.transport.poll(self.config.poll_timeout):
-            self._receive(worker, message)
+        messages = self.transport.poll(self.config.poll_timeout)
+        if self.config.group_commit and len(messages) > 1:
+            self._receive_group(messages)
+        else:
+            for worker, message in messages:
+                self._receive(worker, message)
         now = self.transport.now()
         while self._held_back and self._held_back[0][0] <= now:
             _, worker, message = self._held_back.popleft()
@@ -363,24 +371,82 @@ class Coordinator:
 
     # -- results ---------------------------------------------------------------
 
-    def _receive(self, worker: int, message: Result | bytes) -> None:
+    def _deliveries(self, worker: int, message: Result | bytes) -> list[Result | bytes]:
+        """What the coordinator gets of one message, after the fault points
+        that act on results."""
         faults = self.faults
         if isinstance(message, Result) and faults.fires(FaultPoint.STALE_RESULT):
             # The worker answers late: after the deadline has discarded the
             # dispatch (and abandoned its lease), so the result must be dropped.
             release = self.transport.now() + 2 * self.config.deadline
             self._held_back.append((release, worker, message))
-            return
-        self._on_message(worker, message)
+            return []
         if isinstance(message, Result) and faults.fires(FaultPoint.DUPLICATE_RESULT):
-            self._on_message(worker, message)  # the worker answered twice
+            return [message, message]  # the worker answered twice
+        return [message]
+
+    def _receive(self, worker: int, message: Result | bytes) -> None:
+        for delivered in self._deliveries(worker, message):
+            self._on_message(worker, delivered)
+
+    def _receive_group(self, messages: list[tuple[int, Result | bytes]]) -> None:
+        """Group commit of the results of one poll: every fence first, in one
+        store batch; only once their commit slots are durable, the triage of
+        each, their `done` slots in a second batch."""
+        passed: list[tuple[int, int, Result]] = []
+        try:
+            with self.store.batch():
+                for worker, message in messages:
+                    for delivered in self._deliveries(worker, message):
+                        if isinstance(delivered, Result) and any(
+                            p[0] == delivered.dispatch_id for p in passed
+                        ):
+                            self._drop_duplicate(worker, delivered)
+                            continue
+                        fenced = self._fence(worker, delivered)
+                        if fenced is not None:
+                            passed.append(fenced)
+        except (OutcomeUnknown, StoreIOError) as error:
+            # The batch's fsync failed: settle each commit on its own before
+            # acting on it (calling begin_commit again does).
+            self.stats.counts["group commits retried"] += 1
+            log.info("a group commit's fsync failed, settling one by one: %s", error)
+            for _, _, result in passed:
+                self._begin_commit(result.item, result.token, result.result)
+        if not passed:
+            return
+        self.stats.counts["group commits"] += 1
+        self.stats.counts["results in group commits"] += len(passed)
+        try:
+            with self.store.batch():
+                for dispatch_id, worker, result in passed:
+                    self._past_fence(dispatch_id, worker, result)
+        except (OutcomeUnknown, StoreIOError) as error:
+            # `done` slots not yet durable: harmless (a lost one only means
+            # a roll-forward that finds the work done again); they settle
+            # when the items are next looked at.
+            self.stats.counts["group completes unsettled"] += 1
+            log.info("a group of done slots may not be durable: %s", error)
+
+    def _drop_duplicate(self, worker: int, result: Result) -> None:
+        self.stats.counts["stale or duplicate results dropped"] += 1
+        log.info(
+            "dropped a duplicate result of dispatch %d from worker %d", result.dispatch_id, worker
+        )
 
     def _on_message(self, worker: int, message: Result | bytes) -> None:
+        passed = self._fence(worker, message)
+        if passed is not None:
+            self._past_fence(*passed)
+
+    def _fence(self, worker: int, message: Result | bytes) -> tuple[int, int, Result] | None:
+        """Everything up to and including `begin_commit`; returns what passed
+        the fence, for `_past_fence`."""
         self._strikes[worker] = 0  # it answers, even garbled or late: not hung
         if isinstance(message, bytes):
             self.stats.counts["malformed results dropped"] += 1
             log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
-            return
+            return None
         try:
             txn = self.tables.match(worker, message.dispatch_id)
         except (UnknownDispatch, WrongWorker) as error:
@@ -388,29 +454,32 @@ class Coordinator:
             log.info("dropped a result from worker %d: %s", worker, error)
             if message.dispatch_id not in self._recently_committed:
                 self.wasted_cpu_seconds += message.cpu_seconds  # a stale run: redone
-            return
+            return None
         if txn.tag != (message.item, message.token):
             self.stats.counts["mismatched results dropped"] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
-            return
+            return None
         if not message.ok:
             self.stats.counts["task errors"] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
-            return
+            return None
         outcome = self._begin_commit(message.item, message.token, message.result)
         if outcome is CommitOutcome.FENCED_OUT:
             self.stats.counts["fenced out"] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
-            return
-        self._remember_committed(txn.id)
+            return None
+        return txn.id, worker, message
+
+    def _past_fence(self, dispatch_id: int, worker: int, message: Result) -> None:
+        self._remember_committed(dispatch_id)
         self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
-        self._committed[txn.id] = _Committed(message.item, message.token, message.result)
-        self.tables.fence_passed(txn.id)
+        self._committed[dispatch_id] = _Committed(message.item, message.token, message.result)
+        self.tables.fence_passed(dispatch_id)
         self._free_slot(worker)  # the result is in hand: the worker is free (D1)
-        self._commit(txn.id)
+        self._commit(dispatch_id)
 
     def _remember_committed(self, dispatch_id: int) -> None:
         """A bounded memory of committed dispatches, so that a duplicate of

@@ -660,6 +660,8 @@ class WorkStore:
         self._created: set[str] = set()
         # Nonces of publications whose outcome this store has not learned yet.
         self._pending: set[str] = set()
+        # Inside `batch()`: directory -> nonces linked there, not yet durable.
+        self._deferred: dict[str, list[str]] | None = None
         # Claimer's watch, one per item: key -> (token, heartbeat seen, monotonic
         # time it was first seen). Watching another token replaces it.
         self._watch: dict[str, tuple[int, object, float]] = {}
@@ -770,6 +772,62 @@ class WorkStore:
             raise CorruptRecord(path, f"foreign record: not the registration of {owner}")
         return reader.nonce()
 
+    # -- group commit -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group commit: inside the block, a publication's directory fsync is
+        put off to the block's end, where each directory touched is fsynced
+        once (on ext4 the first fsync commits the journal for all of them).
+
+        Until the block ends, what was published inside is decided (the
+        links were made) but NOT durable: act on none of it (send no claimed
+        work, triage no commit) before the block has ended without error. If
+        a fsync keeps failing, the block raises `OutcomeUnknown` and those
+        publications stay pending: calling the operation again settles each
+        one. A block ended by a BaseException (a kill) fsyncs nothing.
+        Blocks do not nest."""
+        if self._deferred is not None:
+            raise RuntimeError("store batches do not nest")
+        deferred: dict[str, list[str]] = {}
+        self._deferred = deferred
+        try:
+            yield
+        except Exception:
+            self._deferred = None
+            with contextlib.suppress(StoreError):  # the block's own error wins
+                self._sync_deferred(deferred)
+            raise
+        except BaseException:
+            self._deferred = None
+            raise
+        self._deferred = None
+        self._sync_deferred(deferred)
+
+    def _sync_deferred(self, deferred: dict[str, list[str]]) -> None:
+        failed: tuple[str, OSError] | None = None
+        for directory, nonces in deferred.items():
+            error = self._fsync_dir_retried(directory)
+            if error is None:
+                self._pending.difference_update(nonces)
+            elif failed is None:
+                failed = (directory, error)
+        if failed is not None:
+            raise OutcomeUnknown("batch", failed[0], failed[1])
+
+    def _fsync_dir_retried(self, directory: str) -> OSError | None:
+        last_error: OSError | None = None
+        for attempt in range(self._attempts):
+            if attempt:
+                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+            try:
+                self._fs.fsync_dir(directory)
+            except OSError as error:
+                last_error = error
+                continue
+            return None
+        return last_error
+
     # -- claims ----------------------------------------------------------------
 
     def claim(self, work_id: str, now: float | None = None) -> int | None:
@@ -799,6 +857,10 @@ class WorkStore:
             head = chain[-1] if chain else None
             if head is not None:
                 if head.change is Change.COMMIT:
+                    # Mark it again: a power loss can take a mark, and a stale
+                    # "absent" can hide the commit from the full look.
+                    with contextlib.suppress(StoreError):
+                        self._mark_committing(key)
                     return ClaimResult(ClaimOutcome.COMMITTING, None, lost)
                 if head.change is Change.DONE:
                     self._watch.pop(key, None)  # final: nothing left to watch
@@ -1083,7 +1145,9 @@ class WorkStore:
         mark goes only once its item is final. A power loss can drop a mark
         whose commit survived (the mark's directory is not fsynced), so a
         coordinator's first look after its start is `full`: it reads every
-        item and marks the COMMITTING ones again."""
+        item and marks the COMMITTING ones again; and a claim that finds an
+        item COMMITTING marks it again (a stale "absent" may have hidden that
+        commit from the full look)."""
         now = self._now(now)
         candidates = []
         if full:
@@ -1185,11 +1249,18 @@ class WorkStore:
         if (
             chain is not None
             and len(chain) == upto
-            and not self._pending
+            and not self._unsettled()
             and self._work_ids.get(key) == work_id
         ):
             return chain
         return self._load(key, work_id, create=False)
+
+    def _unsettled(self) -> bool:
+        """Whether a publication's outcome is unknown (not merely waiting for
+        the directory fsync at the end of a batch)."""
+        if self._deferred is None or not self._pending:
+            return bool(self._pending)
+        return not self._pending.issubset(itertools.chain.from_iterable(self._deferred.values()))
 
     def _read_first(self, key: str) -> Record | None:
         try:
@@ -1353,6 +1424,12 @@ class WorkStore:
                     # Ours (now or by an earlier attempt): make the slot durable.
                     # Only then is it settled: until the fsync succeeds, the nonce
                     # stays pending so that the next EEXIST still knows it as ours.
+                    if self._deferred is not None:  # in a batch: fsynced at its end
+                        nonces = self._deferred.setdefault(directory, [])
+                        nonces.append(nonce)
+                        if holder is not None:
+                            nonces.append(_nonce_of(holder))
+                        return True, holder
                     self._fs.fsync_dir(directory)
                     self._pending.discard(nonce)
                     if holder is not None:
