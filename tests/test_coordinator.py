@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,14 +103,18 @@ def test_results_taken_together_pass_the_fence_as_one_group(group_commit: bool) 
         assert coordinator.stats["group commits"] == 0
 
 
-def test_a_group_whose_fsync_fails_is_settled_one_by_one() -> None:
+@pytest.mark.parametrize(
+    ("group", "retried"),
+    [("_dispatch_group", "group claims retried"), ("_receive_group", "group commits retried")],
+)
+def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: str) -> None:
     world = make_world(workers=8, items=48)
     coordinator = world.coordinator(max_in_flight=2)
-    failing = {"left": 0}
+    failing = {"left": 0, "armed": 1}
 
     def hook(op: Op, path: str) -> Fault | None:
-        # Fail every directory fsync of the first group commit's end, until
-        # the store gives up on it (OutcomeUnknown); then the disk heals.
+        # Fail every directory fsync at the end of the first batch of `group`
+        # until the store gives up on it (OutcomeUnknown); then the disk heals.
         if op is Op.FSYNC_DIR and "/items/" in path and failing["left"] > 0:
             failing["left"] -= 1
             return Fault(FaultKind.EIO)
@@ -117,19 +122,28 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one() -> None:
 
     world.fs.fault = hook
     real_batch = coordinator.store.batch
-    batches = {"n": 0}
+    real_group = getattr(coordinator, group)
+    inside = {"group": False}
+
+    def group_spy(*args: Any) -> None:
+        inside["group"] = True
+        try:
+            real_group(*args)
+        finally:
+            inside["group"] = False
 
     @contextlib.contextmanager
     def batch() -> Iterator[None]:
-        batches["n"] += 1
         with real_batch():
             yield
-            if batches["n"] == 1:  # every attempt at every directory of the group
+            if inside["group"] and failing["armed"]:  # every attempt at every directory
+                failing["armed"] = 0
                 failing["left"] = 20 * len(coordinator.store._deferred or {})
 
+    setattr(coordinator, group, group_spy)
     coordinator.store.batch = batch  # type: ignore[method-assign]
     coordinator.run(max_steps=10_000)
-    assert coordinator.stats["group commits retried"] == 1
+    assert coordinator.stats[retried] == 1
     assert_clean_end(world, coordinator)
 
 

@@ -302,11 +302,15 @@ def test_a_coordinator_killed_at_a_commit_stage_is_rolled_forward_without_doubli
     assert_clean_end(world, restarted)
     ledger = world.workload.ledger
     if point in (FaultPoint.KILL_AFTER_STORE_COMMIT, FaultPoint.KILL_MID_TRIAGE):
-        assert restarted.stats["rolled forward"] == 1
-        assert ledger.local_skipped["state lost"] == 1  # died with the killed process
+        # Every result of the killed group had passed the fence (group commit).
+        rolled = restarted.stats["rolled forward"]
+        assert rolled >= 1
+        assert ledger.local_skipped["state lost"] == rolled  # died with the killed process
     if point is FaultPoint.KILL_AFTER_TRIAGE:
         assert ledger.reruns == 1 and ledger.files[Published.PRESENT] >= 1
-        assert ledger.local_skipped["state lost"] == 1  # applied once, before the kill
+        # The triaged one was applied once, before the kill; the rest of its
+        # group (past the fence, not triaged) lost their local state too.
+        assert ledger.local_skipped["state lost"] == restarted.stats["rolled forward"] >= 1
     assert ledger.effects_applied_twice == 0
 
 

@@ -29,6 +29,7 @@ from typing import Protocol
 from dispatchtx import (
     CompensationError,
     DispatchTables,
+    Phase,
     Transaction,
     UnknownDispatch,
     WrongWorker,
@@ -295,6 +296,7 @@ class Coordinator:
 
     def _dispatch_to_free_workers(self) -> None:
         # O(dispatches made): free slots are kept, never searched for.
+        pairs: list[tuple[int, str]] = []
         for _ in range(len(self._free_slots)):
             worker = self._free_slots.popleft()
             if worker in self.lost_workers:
@@ -302,57 +304,137 @@ class Coordinator:
             work_id = self.workload.take()
             if work_id is None:
                 self._free_slots.appendleft(worker)
-                return
-            self._dispatch(worker, work_id)
+                break
+            pairs.append((worker, work_id))
+        if self.config.group_commit and len(pairs) > 1:
+            self._dispatch_group(pairs)
+            return
+        for worker, work_id in pairs:
+            now = self.transport.now()
+            opened = self._open(worker, work_id, now)
+            if opened is not None:
+                self._send(*opened, now)
 
-    def _dispatch(self, worker: int, work_id: str) -> None:
+    def _dispatch_group(self, pairs: list[tuple[int, str]]) -> None:
+        """Batched claims: every claim of the group in one store batch; only
+        once they are durable is any of the group sent."""
         now = self.transport.now()
-        faults = self.faults
-        registered = False
+        opened: list[tuple[Transaction, int, str, WorkLease]] = []
         try:
-            with self.tables.dispatch(worker, tag=work_id) as txn:
-                txn.add(self._slot, worker)
-                txn.add(self._item, work_id)
-                registered = True
-                lease = self._claim(txn, work_id, now)
-                if lease is None:
-                    self.tables.abort(txn.id)  # gives the slot and the item back
-                    self._refused(work_id)
-                    return
-                txn.tag = (work_id, lease.token)
-                faults.check(FaultPoint.SEND_AFTER_CLAIM)
-                if self.dispatch_log is not None:
-                    self.dispatch_log.reserve(txn, work_id, lease.token)
-                    faults.check(FaultPoint.SEND_AFTER_JOURNAL)
-                payload, object_ids = self.workload.reserve(txn, worker, work_id)
-                faults.check(FaultPoint.SEND_AFTER_RESERVATIONS)
-                missing = self.tables.missing(worker, object_ids)
-                txn.ship(missing)
-                faults.check(FaultPoint.MESSAGE_BUILD)
-                work = Work(
-                    txn.id,
-                    work_id,
-                    lease.token,
-                    payload,
-                    {oid: self.workload.object_content(oid) for oid in missing},
-                )
-                if missing:
-                    faults.check(FaultPoint.OBJECT_TRANSFER)
-                faults.check(FaultPoint.SEND)
-                self.transport.send(worker, work)
-                self.tables.sent(txn.id, now)
-                self.stats.counts["dispatches"] += 1
-                self.stats.counts["objects shipped"] += len(missing)
-                if faults.fires(FaultPoint.AMBIGUOUS_SEND):
-                    # Delivered, but the coordinator saw an error: the dispatch
-                    # is ACTIVE, so the boundary discards it after send.
-                    raise ConnectionError("injected: ambiguous send")
+            with self.store.batch():
+                for worker, work_id in pairs:
+                    one = self._open(worker, work_id, now)
+                    if one is not None:
+                        opened.append(one)
+        except (OutcomeUnknown, StoreIOError) as error:
+            # The batch's fsync failed: a claim that settles now (claiming
+            # again finds our own) is sent; the others are never sent.
+            self.stats.counts["group claims retried"] += 1
+            log.info("a group of claims did not become durable, settling one by one: %s", error)
+            settled = []
+            for one in opened:
+                txn, _, work_id, lease = one
+                try:
+                    again = self.store.try_claim(work_id, now)
+                except StoreError:
+                    again = None
+                if again is not None and again.token == lease.token:
+                    settled.append(one)
+                else:
+                    self._compensate(txn)
+            opened = settled
+        if len(opened) > 1:
+            self.stats.counts["group claims"] += 1
+            self.stats.counts["claims in group claims"] += len(opened)
+        for one in opened:
+            self._send(*one, now)
+
+    def _open(
+        self, worker: int, work_id: str, now: float
+    ) -> tuple[Transaction, int, str, WorkLease] | None:
+        """Prepare a dispatch to `worker` and claim `work_id` for it; None if
+        the item cannot be claimed or anything failed (compensated)."""
+        try:
+            txn = self.tables.prepare(worker, tag=work_id)
         except Exception as error:
-            self.stats.counts["dispatch failures"] += 1
-            log.info("dispatch of %r to worker %d failed: %s", work_id, worker, error)
-            if not registered:  # failed before the slot and item had their undo
-                self._free_slot(worker)
-                self.workload.give_back(work_id)
+            self._dispatch_failed(work_id, worker, error)
+            self._free_slot(worker)  # nothing registered yet to give these back
+            self.workload.give_back(work_id)
+            return None
+        try:
+            txn.add(self._slot, worker)
+            txn.add(self._item, work_id)
+            lease = self._claim(txn, work_id, now)
+            if lease is None:
+                self.tables.abort(txn.id)  # gives the slot and the item back
+                self._refused(work_id)
+                return None
+            txn.tag = (work_id, lease.token)
+        except BaseException as error:
+            self._compensate(txn)
+            if not isinstance(error, Exception):
+                raise
+            self._dispatch_failed(work_id, worker, error)
+            return None
+        return txn, worker, work_id, lease
+
+    def _send(
+        self, txn: Transaction, worker: int, work_id: str, lease: WorkLease, now: float
+    ) -> None:
+        """Reserve the rest, build the message, send, `sent()`. Anything that
+        fails compensates: the undos if it was never sent, the discards if it
+        was (an ambiguous send), as the `tables.dispatch()` boundary does."""
+        faults = self.faults
+        try:
+            faults.check(FaultPoint.SEND_AFTER_CLAIM)
+            if self.dispatch_log is not None:
+                self.dispatch_log.reserve(txn, work_id, lease.token)
+                faults.check(FaultPoint.SEND_AFTER_JOURNAL)
+            payload, object_ids = self.workload.reserve(txn, worker, work_id)
+            faults.check(FaultPoint.SEND_AFTER_RESERVATIONS)
+            missing = self.tables.missing(worker, object_ids)
+            txn.ship(missing)
+            faults.check(FaultPoint.MESSAGE_BUILD)
+            work = Work(
+                txn.id,
+                work_id,
+                lease.token,
+                payload,
+                {oid: self.workload.object_content(oid) for oid in missing},
+            )
+            if missing:
+                faults.check(FaultPoint.OBJECT_TRANSFER)
+            faults.check(FaultPoint.SEND)
+            self.transport.send(worker, work)
+            self.tables.sent(txn.id, now)
+            self.stats.counts["dispatches"] += 1
+            self.stats.counts["objects shipped"] += len(missing)
+            if faults.fires(FaultPoint.AMBIGUOUS_SEND):
+                # Delivered, but the coordinator saw an error: the dispatch
+                # is ACTIVE, so it is discarded after send.
+                raise ConnectionError("injected: ambiguous send")
+        except BaseException as error:
+            self._compensate(txn)
+            if not isinstance(error, Exception):
+                raise
+            self._dispatch_failed(work_id, worker, error)
+
+    def _compensate(self, txn: Transaction) -> None:
+        """A dispatch that failed before it was settled: undo it if it was
+        never sent, discard it if it was."""
+        if txn.phase is Phase.PREPARING:
+            failures = self.tables.abort(txn.id)
+        elif txn.phase is Phase.ACTIVE:
+            failures = self.tables.fenced_out(txn.id)
+        else:
+            return
+        self.stats.counts["compensation failures"] += len(failures)
+        for failure in failures:
+            log.info("compensating a failed dispatch: %s", failure)
+
+    def _dispatch_failed(self, work_id: str, worker: int, error: Exception) -> None:
+        self.stats.counts["dispatch failures"] += 1
+        log.info("dispatch of %r to worker %d failed: %s", work_id, worker, error)
 
     def _claim(self, txn: Transaction, work_id: str, now: float) -> WorkLease | None:
         try:
