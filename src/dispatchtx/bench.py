@@ -726,7 +726,7 @@ class JobRunner:
         return os.path.join(self.directory, f"store-{self.jobs + 1:03d}-{tag}")
 
     def dispatchtx(
-        self, ranks: int, depth: int, items: int, fs: str, tag: str
+        self, ranks: int, depth: int, items: int, fs: str, tag: str, *, group_commit: bool = True
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.mpi_job` run, or the error."""
         outcome = self.run(
@@ -744,6 +744,7 @@ class JobRunner:
                 str(depth),
                 "--coordinator-id",
                 "bench",
+                *([] if group_commit else ["--no-group-commit"]),
             ],
             tag,
         )
@@ -888,7 +889,14 @@ def dispatchtx_message_sizes() -> dict[str, float]:
     }
 
 
-def durable_counts(directory: str, items: int, workers: int) -> dict[str, Any]:
+def durable_counts(
+    directory: str,
+    items: int,
+    workers: int,
+    *,
+    max_in_flight: int = 1,
+    group_commit: bool = True,
+) -> dict[str, Any]:
     """The shape of one `mpi_job --fs real` run in process: a fresh store on
     the real disk through `CountingFS`, `workers` simulated workers, the same
     items and settings; fsyncs per committed item by kind, and the rate."""
@@ -896,7 +904,10 @@ def durable_counts(directory: str, items: int, workers: int) -> dict[str, Any]:
     transport = SimulatedTransport(workers, hash_task)
     store = WorkStore(fs, directory, RealClock(), ttl=SCALING_TTL)
     workload = HashWorkload(items)
-    coordinator = Coordinator(CoordinatorConfig("bench", deadline=2.0), transport, store, workload)
+    config = CoordinatorConfig(
+        "bench", deadline=2.0, max_in_flight=max_in_flight, group_commit=group_commit
+    )
+    coordinator = Coordinator(config, transport, store, workload)
     before = fs.count.snapshot()
     started = time.perf_counter()
     coordinator.run()
@@ -942,6 +953,7 @@ def durable_run(
         if error is not None:
             errors.append(error)
     mpi = _rates(samples, errors)
+    batching = durable_batching(config, runner, base, counter, progress)
     return {
         "ranks": ranks,
         "max_in_flight": 1,
@@ -962,13 +974,70 @@ def durable_run(
         "in_process_without_fsync": {
             key: without_fsync[key] for key in ("median", "min", "max", "samples")
         },
+        "batching": batching,
         "notes": [
             "fsyncs counted on a fresh store per run, the shape of one mpi_job run (the job "
             "starts on a fresh store too: its first commits also make objects/<aa>/ durable)",
-            "batching: the store publishes claim, commit and done per item, each with its own "
-            "fsyncs; it has no group commit or batched claim to measure (the journal's group "
-            "policy is in section 5), and mpi_job runs no journal",
+            "group commit (claims of one pass over the free workers, results of one poll: "
+            "their directory fsyncs at the end of one store batch) is on in every row but "
+            "the 'one at a time' ones; at max_in_flight 1 and 2 workers a batch holds at "
+            "most 2 items; mpi_job runs no journal (the journal's group policy is in "
+            "section 5)",
         ],
+    }
+
+
+BATCHING_DEPTH: Final = 4
+
+
+def durable_batching(
+    config: BenchConfig,
+    runner: JobRunner,
+    base: str,
+    counter: Iterator[int],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """How group commit moves the durable path: mpi_job --fs real at
+    `max_in_flight` BATCHING_DEPTH, batches on and off, in the same run;
+    fsyncs per item counted in process for both."""
+    ranks, items, reps = config.durable_ranks, config.durable_items, config.durable_repetitions
+    workers = ranks - 1
+    rows: dict[str, Any] = {}
+    for label, grouped in (("grouped", True), ("one at a time", False)):
+        progress(f"4. durable path, batching: fsyncs per item counted, {label}")
+
+        def count(tag: str, grouped: bool = grouped) -> dict[str, Any]:
+            return durable_counts(
+                os.path.join(base, f"durable-{next(counter)}"),
+                items,
+                workers,
+                max_in_flight=BATCHING_DEPTH,
+                group_commit=grouped,
+            )
+
+        counted = repeated(reps, count)
+        samples: list[float] = []
+        errors: list[str] = []
+        for rep in range(reps):
+            progress(f"4. durable path, batching: mpi_job --fs real, {label}, {rep + 1}/{reps}")
+            rate, error = runner.dispatchtx(
+                ranks, BATCHING_DEPTH, items, "real", "durable-batch", group_commit=grouped
+            )
+            if rate is not None:
+                samples.append(rate)
+            if error is not None:
+                errors.append(error)
+        rows[label] = {
+            "mpi": _rates(samples, errors),
+            "fsyncs_per_item": counted["fsyncs_per_op"],
+            "in_process": {key: counted[key] for key in ("median", "min", "max", "samples")},
+        }
+    grouped_rate = rows["grouped"]["mpi"]["median"]
+    single_rate = rows["one at a time"]["mpi"]["median"]
+    return {
+        "max_in_flight": BATCHING_DEPTH,
+        "rows": rows,
+        "speedup": None if grouped_rate is None or not single_rate else grouped_rate / single_rate,
     }
 
 
@@ -2154,6 +2223,18 @@ def print_table(results: dict[str, Any]) -> None:
         )
         for error in dict.fromkeys(durable["mpi"]["errors"]):
             print(f"  mpi_job --fs real failed: {error[:300]}")
+        batching = durable["batching"]
+        print(
+            f"  batching, max_in_flight {batching['max_in_flight']} (results/s; fsyncs per item):"
+        )
+        for label, row in batching["rows"].items():
+            print(
+                f"  {'mpi_job --fs real, ' + label:<44}{_span(row['mpi']):>24} results/s  "
+                f"{_fsyncs_shown(row['fsyncs_per_item'])}"
+            )
+            for error in dict.fromkeys(row["mpi"]["errors"]):
+                print(f"    failed: {error[:300]}")
+        print(f"  grouped / one at a time: {_x(batching['speedup'])}")
         for note in durable["notes"]:
             print(f"  note: {note}")
     store = figures.get("store")
