@@ -346,6 +346,28 @@ def test_the_heartbeat_file_exists_before_the_claim_is_visible(
     assert fs.durable_exists(f"{ROOT}/items/{item_key(WORK)}/hb.0000000001")
 
 
+def test_a_claim_that_ends_takes_its_heartbeat_file_with_it(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    holder = make_store(fs, clock, "holder")
+    claimer = make_store(fs, clock, "claimer")
+    item_dir = f"{ROOT}/items/{item_key(WORK)}"
+
+    def counters() -> list[str]:
+        return [name for name in fs.listdir(item_dir) if name.startswith("hb.")]
+
+    assert holder.claim(WORK) == 1 and counters() == ["hb.0000000001"]
+    assert holder.abandon(WORK, 1) is AbandonOutcome.ABANDONED
+    assert counters() == []
+    assert holder.claim(WORK) == 3
+    assert claimer.claim(WORK, now=0.0) is None
+    assert claimer.claim(WORK, now=EXPIRY) == 4  # taken over: the stalled counter goes
+    assert counters() == ["hb.0000000004"]
+    assert claimer.begin_commit(WORK, 4, RESULT) is CommitOutcome.COMMITTED
+    assert claimer.complete(WORK, 4) is CompleteOutcome.COMPLETED
+    assert counters() == []
+
+
 def test_paused_holder_resumes_and_is_fenced_out(fs: SimulatedFS, clock: SimulatedClock) -> None:
     holder = make_store(fs, clock, "holder")
     claimer = make_store(fs, clock, "claimer")

@@ -896,6 +896,8 @@ class WorkStore:
                 published = self._publish(key, record, "claim")
                 if published.ours and published.record.change is Change.CLAIM:
                     self._watch.pop(key, None)
+                    if head is not None and head.change is Change.CLAIM:
+                        self._drop_heartbeat(key, head.token)  # the claim taken over
                     return ClaimResult(ClaimOutcome.CLAIMED, slot, lost)
                 self._beats.pop((key, slot), None)
             lost_race = True  # decide again from what won the slot, and what followed
@@ -938,6 +940,11 @@ class WorkStore:
         except OSError as error:
             raise StoreIOError("writing a heartbeat", path, error) from error
 
+    def _drop_heartbeat(self, key: str, token: int) -> None:
+        """Remove the counter of a claim that ended (best effort: advisory)."""
+        with contextlib.suppress(OSError):
+            self._fs.unlink(self._heartbeat_path(key, token))
+
     def abandon(self, work_id: str, token: int, *, sent: bool = True) -> AbandonOutcome:
         """End our claim `token` without a result (the before-send undo with
         `sent=False`, or the discard of a lost or stale result: only those
@@ -960,6 +967,7 @@ class WorkStore:
                 published = self._publish(key, record, "abandon")
                 if published.ours and published.record.change is Change.ABANDON:
                     self._beats.pop((key, token), None)
+                    self._drop_heartbeat(key, token)
                     return AbandonOutcome.ABANDONED
                 chain = self._chain(key)
                 continue
@@ -1041,8 +1049,7 @@ class WorkStore:
             if published.ours and published.record.change is Change.DONE:
                 self._beats.pop((key, token), None)
                 self._watch.pop(key, None)
-                with contextlib.suppress(OSError):  # the counter is advisory: best effort
-                    self._fs.unlink(self._heartbeat_path(key, token))
+                self._drop_heartbeat(key, token)
                 self._unmark_committing(key)
                 return CompleteOutcome.COMPLETED
             chain = self._chain(key)
