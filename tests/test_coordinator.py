@@ -14,7 +14,18 @@ import pytest
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import Fault, FaultKind, Op, RealClock, RealFS, SimulatedFS
+from dispatchtx.fs import (
+    Fault,
+    FaultKind,
+    FaultRule,
+    Op,
+    RealClock,
+    RealFS,
+    SimulatedFS,
+)
+from dispatchtx.fs import (
+    FaultPlan as DiskFaults,
+)
 from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport
@@ -144,6 +155,23 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: st
     coordinator.store.batch = batch  # type: ignore[method-assign]
     coordinator.run(max_steps=10_000)
     assert coordinator.stats[retried] == 1
+    assert_clean_end(world, coordinator)
+
+
+def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds() -> None:
+    world = make_world(workers=2, items=2)
+    world.fs.fault = DiskFaults(
+        *(
+            FaultRule(Fault(FaultKind.EIO), op=Op.LISTDIR, path_contains="/items", nth=n)
+            for n in range(3)
+        )
+    )
+    coordinator = world.coordinator()
+    at_start = coordinator.recovering
+    assert at_start
+    coordinator.run(max_steps=10_000)
+    assert not coordinator.recovering
+    assert coordinator.stats["roll-forward failures"] == 3
     assert_clean_end(world, coordinator)
 
 

@@ -121,9 +121,9 @@ class CoordinatorConfig:
     # longer than the TTL cannot starve them (real clocks only: under the
     # simulator's virtual time, steps heartbeat).
     background_heartbeat: bool = False
-    # Group commit: the results taken in one poll pass the fence together
-    # (their commit slots fsynced once per batch), then are triaged, and
-    # their `done` slots are grouped the same way.
+    # Group commit: the claims of one pass over the free workers are made
+    # together, and the results taken in one poll pass the fence together
+    # (their slots' directories fsynced at the end of one store batch).
     group_commit: bool = True
 
 
@@ -236,10 +236,17 @@ class Coordinator:
 
     # -- the loop ------------------------------------------------------------
 
+    @property
+    def recovering(self) -> bool:
+        """Whether the first look at every item of the store (for what an
+        earlier incarnation left COMMITTING) has yet to succeed."""
+        return self._full_look_due
+
     def run(self, *, max_steps: int | None = None) -> None:
-        """Step until every item is done or dropped and nothing is in flight."""
+        """Step until every item is done or dropped, nothing is in flight,
+        and what an earlier incarnation left COMMITTING was looked for."""
         steps = 0
-        while self.workload.remaining() or len(self.tables):
+        while self.workload.remaining() or len(self.tables) or self._full_look_due:
             self.step()
             steps += 1
             if max_steps is not None and steps >= max_steps:
@@ -474,7 +481,7 @@ class Coordinator:
     def _receive_group(self, messages: list[tuple[int, Result | bytes]]) -> None:
         """Group commit of the results of one poll: every fence first, in one
         store batch; only once their commit slots are durable, the triage of
-        each, their `done` slots in a second batch."""
+        each."""
         passed: list[tuple[int, int, Result]] = []
         try:
             with self.store.batch():
@@ -499,16 +506,10 @@ class Coordinator:
             return
         self.stats.counts["group commits"] += 1
         self.stats.counts["results in group commits"] += len(passed)
-        try:
-            with self.store.batch():
-                for dispatch_id, worker, result in passed:
-                    self._past_fence(dispatch_id, worker, result)
-        except (OutcomeUnknown, StoreIOError) as error:
-            # `done` slots not yet durable: harmless (a lost one only means
-            # a roll-forward that finds the work done again); they settle
-            # when the items are next looked at.
-            self.stats.counts["group completes unsettled"] += 1
-            log.info("a group of done slots may not be durable: %s", error)
+        # Not batched: the releases (the workload's `done` among them) act on
+        # the `done` slot, so it must be durable before they run.
+        for dispatch_id, worker, result in passed:
+            self._past_fence(dispatch_id, worker, result)
 
     def _drop_duplicate(self, worker: int, result: Result) -> None:
         self.stats.counts["stale or duplicate results dropped"] += 1
