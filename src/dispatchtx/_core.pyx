@@ -7,10 +7,18 @@ identically; the test suite runs every case against both. Here the phase is
 a C int (a prebuilt `Phase` member is handed out), the per-worker counts are
 a C array allocated through PyMem (so that tracemalloc sees it), and the
 boundaries are cdef classes rather than generators.
+
+The hot methods (`add` and the moves) are `binding=False`: a builtin method
+that the eval loop calls directly, without the cyfunction call layers (about
+a tenth of a lifecycle). The "clinic" signature format keeps their signatures
+visible to `inspect`, hence to stubtest.
 """
 
 cimport cython
+from cpython.list cimport PyList_SET_ITEM
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.limits cimport LLONG_MAX
 
 import operator
 from types import GenericAlias
@@ -45,6 +53,9 @@ cdef tuple _PHASES = (
 )
 cdef tuple _SIDES = (Side.BEFORE_SEND, Side.AFTER_SEND, Side.ON_COMMIT)
 cdef tuple _NO_FAILURES = ()
+# A stack is preallocated to the last sent dispatch's size, up to this (16
+# compensations); past it, it grows as it is filled.
+cdef Py_ssize_t _MAX_STACK_SIZE = 32
 # Dispatch ids are C `long long`: both builds keep them below 2**63.
 MAX_DISPATCH_ID = 2**63 - 1
 
@@ -62,6 +73,7 @@ cdef class Compensation:
     cdef object _before
     cdef object _after
     cdef object _on_commit
+    cdef int _sides  # bit `1 << side` set when that side has a callable
 
     def __init__(self, name, before_send, after_send, on_commit=None):
         if not isinstance(name, str):
@@ -73,6 +85,11 @@ cdef class Compensation:
         self._before = before_send
         self._after = after_send
         self._on_commit = on_commit
+        self._sides = (
+            (before_send is not None) << BEFORE
+            | (after_send is not None) << AFTER
+            | (on_commit is not None) << ON_COMMIT
+        )
 
     __class_getitem__ = classmethod(GenericAlias)
 
@@ -85,13 +102,15 @@ cdef class Compensation:
 cdef class Transaction:
     """A read-only handle on one dispatch. Only the tables move it."""
 
-    cdef long long _id
+    cdef object _id  # an int made once: txn.id and the dict key are this object
     cdef Py_ssize_t _worker
     cdef int _phase
     cdef bint _was_sent
     cdef double _sent_at
     cdef object _tag
-    cdef list _stack
+    cdef list _stack  # comp, arg, comp, arg...: `_n` entries, then None padding
+    cdef Py_ssize_t _n
+    cdef int _sides  # the union of its compensations' sides: _run skips a side none has
     cdef list _objects
     cdef Transaction _w_prev
     cdef Transaction _w_next
@@ -127,12 +146,27 @@ cdef class Transaction:
             raise IllegalMove(self._id, "set tag", _PHASES[self._phase])
         self._tag = value
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def add(self, Compensation comp not None, arg):
         """Register one reservation's compensation (PREPARING only, D2)."""
         if self._phase != PREPARING:
             raise IllegalMove(self._id, "add", _PHASES[self._phase])
-        self._stack.append(comp)
-        self._stack.append(arg)
+        cdef list stack = self._stack
+        cdef Py_ssize_t n = self._n
+        if n < len(stack):
+            # Fill two None pads in place.
+            Py_INCREF(comp)
+            Py_INCREF(arg)
+            PyList_SET_ITEM(stack, n, comp)
+            PyList_SET_ITEM(stack, n + 1, arg)
+            Py_DECREF(None)
+            Py_DECREF(None)
+        else:
+            stack.append(comp)
+            stack.append(arg)
+        self._n = n + 2
+        self._sides |= comp._sides
 
     def ship(self, object_ids):
         """Objects this message carries; cached for the worker at `sent` (D7)."""
@@ -150,7 +184,7 @@ cdef class Transaction:
             self._objects.extend(ids)
 
     def __len__(self):
-        return 0 if self._stack is None else len(self._stack) >> 1
+        return 0 if self._stack is None else self._n >> 1
 
     def __repr__(self):
         return (
@@ -159,13 +193,15 @@ cdef class Transaction:
         )
 
 
-cdef inline Transaction _new_transaction(long long dispatch_id, Py_ssize_t worker, object tag):
+cdef inline Transaction _new_transaction(
+    long long dispatch_id, Py_ssize_t worker, object tag, Py_ssize_t size
+):
     cdef Transaction txn = Transaction.__new__(Transaction)
     txn._id = dispatch_id
     txn._worker = worker
     txn._phase = PREPARING
     txn._tag = tag
-    txn._stack = []
+    txn._stack = [None] * size  # sized once: no reallocation while adding
     return txn
 
 
@@ -176,7 +212,9 @@ cdef tuple _run(Transaction txn, list stack, int which, list interrupts):
     appended to `interrupts` when the caller collects them, else raised once
     everything has run.
     """
-    cdef Py_ssize_t i = len(stack) - 2
+    if not txn._sides & (1 << which):
+        return _NO_FAILURES
+    cdef Py_ssize_t i = txn._n - 2
     cdef Compensation comp
     cdef list failures = None
     cdef object interrupt = None
@@ -278,8 +316,8 @@ cdef class _CommittingBoundary:
     def __enter__(self):
         if self._tables is None:
             raise RuntimeError("committing() boundaries are made by DispatchTables.committing")
-        txn = self._tables._committing.get(self._id)
-        if txn is not None:
+        txn = self._tables._txns.get(self._id)
+        if txn is not None and (<Transaction>txn)._phase == COMMITTING:
             return txn  # a retry of a triage that failed before
         return self._tables.fence_passed(self._id)
 
@@ -304,15 +342,15 @@ cdef class DispatchTables:
     cdef int _max_in_flight
     cdef long long _next_id
     cdef bint _exhausted
-    cdef dict _preparing
-    cdef dict _active
-    cdef dict _committing
+    cdef dict _txns  # every dispatch in flight by id; its phase says its table
+    cdef list _planted  # (phase, txn) put in a second table by _debug_plant
     cdef list _heads
     cdef int *_occupied
     cdef list _caches
     cdef Transaction _sent_head
     cdef Transaction _sent_tail
     cdef double _last_now
+    cdef Py_ssize_t _stack_size  # the last sent dispatch's, for the next one's stack
 
     def __cinit__(self, n_workers, *, max_in_flight=1, first_id=0):
         self._occupied = NULL
@@ -330,9 +368,8 @@ cdef class DispatchTables:
         self._n_workers = n_workers
         self._max_in_flight = max_in_flight
         self._next_id = first_id
-        self._preparing = {}
-        self._active = {}
-        self._committing = {}
+        self._txns = {}
+        self._planted = []
         self._heads = [None] * self._n_workers
         self._caches = [None] * self._n_workers
         PyMem_Free(self._occupied)
@@ -379,14 +416,15 @@ cdef class DispatchTables:
             return <Py_ssize_t>worker
         raise ValueError(f"worker {worker} is out of range 0..{self._n_workers - 1}")
 
-    cdef inline void _link_worker(self, Transaction txn):
+    # noexcept: pointer moves on lists sized in __init__; nothing here can raise.
+    cdef inline void _link_worker(self, Transaction txn) noexcept:
         cdef Transaction head = self._heads[txn._worker]
         txn._w_next = head
         if head is not None:
             head._w_prev = txn
         self._heads[txn._worker] = txn
 
-    cdef inline void _unlink_worker(self, Transaction txn):
+    cdef inline void _unlink_worker(self, Transaction txn) noexcept:
         cdef Transaction prev = txn._w_prev
         cdef Transaction nxt = txn._w_next
         if prev is not None:
@@ -400,7 +438,7 @@ cdef class DispatchTables:
         txn._w_prev = None
         txn._w_next = None
 
-    cdef inline void _unlink_sent(self, Transaction txn):
+    cdef inline void _unlink_sent(self, Transaction txn) noexcept:
         cdef Transaction prev = txn._s_prev
         cdef Transaction nxt = txn._s_next
         if prev is not None:
@@ -416,8 +454,20 @@ cdef class DispatchTables:
         txn._s_prev = None
         txn._s_next = None
 
+    cdef Transaction _find(self, object dispatch_id, int phase, str move):
+        """The dispatch in `phase`, or IllegalMove naming where it is."""
+        cdef object found = self._txns.get(dispatch_id)
+        if found is None:
+            raise IllegalMove(dispatch_id, move, None)
+        cdef Transaction txn = <Transaction>found
+        if txn._phase != phase:
+            raise IllegalMove(dispatch_id, move, _PHASES[txn._phase])
+        return txn
+
     # -- moves -----------------------------------------------------------
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def prepare(self, worker, tag=None):
         """Open a dispatch to `worker` (D1: at most `max_in_flight` per worker)."""
         cdef Py_ssize_t w = self._worker_index(worker)
@@ -427,26 +477,25 @@ cdef class DispatchTables:
         cdef long long dispatch_id = self._next_id
         if self._exhausted:
             raise OverflowError("dispatch ids are exhausted (2**63)")
-        if dispatch_id == MAX_DISPATCH_ID:
+        if dispatch_id == LLONG_MAX:
             self._exhausted = True  # the next id would not fit in a long long
         else:
             self._next_id = dispatch_id + 1
-        cdef Transaction txn = _new_transaction(dispatch_id, w, tag)
-        self._preparing[dispatch_id] = txn
+        cdef Transaction txn = _new_transaction(dispatch_id, w, tag, self._stack_size)
+        self._txns[txn._id] = txn
         self._occupied[w] = occupied + 1
         self._link_worker(txn)
         return txn
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def sent(self, dispatch_id, double now):
         """`send` returned: PREPARING -> ACTIVE, and the worker's object cache
         learns what the message carried (D7). `now` never goes backwards: an
         earlier one is taken as the latest seen."""
         if now != now:
             raise ValueError("a time must not be NaN")
-        cdef object found = self._preparing.pop(dispatch_id, None)
-        if found is None:
-            raise IllegalMove(dispatch_id, "sent", self.phase_of(dispatch_id))
-        cdef Transaction txn = <Transaction>found
+        cdef Transaction txn = self._find(dispatch_id, PREPARING, "sent")
         if now < self._last_now:
             now = self._last_now
         else:
@@ -454,7 +503,7 @@ cdef class DispatchTables:
         txn._phase = ACTIVE
         txn._was_sent = True
         txn._sent_at = now
-        self._active[dispatch_id] = txn
+        self._stack_size = min(txn._n, _MAX_STACK_SIZE)
         cdef Transaction tail = self._sent_tail
         txn._s_prev = tail
         if tail is None:
@@ -473,48 +522,46 @@ cdef class DispatchTables:
                 (<set>cache).update(objects)
         return txn
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def abort(self, dispatch_id):
         """Never sent: run the before-send undos in reverse (D3)."""
-        cdef object found = self._preparing.pop(dispatch_id, None)
-        if found is None:
-            raise IllegalMove(dispatch_id, "abort", self.phase_of(dispatch_id))
-        cdef Transaction txn = <Transaction>found
+        cdef Transaction txn = self._find(dispatch_id, PREPARING, "abort")
+        del self._txns[txn._id]
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
         return self._roll_back(txn, BEFORE)
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def fence_passed(self, dispatch_id):
         """`begin_commit` succeeded: ACTIVE -> COMMITTING (D5); the worker is free."""
-        cdef object found = self._active.pop(dispatch_id, None)
-        if found is None:
-            raise IllegalMove(dispatch_id, "fence_passed", self.phase_of(dispatch_id))
-        cdef Transaction txn = <Transaction>found
+        cdef Transaction txn = self._find(dispatch_id, ACTIVE, "fence_passed")
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
         txn._phase = COMMITTING
-        self._committing[dispatch_id] = txn
         return txn
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def finished(self, dispatch_id):
         """Triage and completion done: run the releases in reverse and drop
         the stack (D6)."""
-        cdef object found = self._committing.pop(dispatch_id, None)
-        if found is None:
-            raise IllegalMove(dispatch_id, "finished", self.phase_of(dispatch_id))
-        cdef Transaction txn = <Transaction>found
+        cdef Transaction txn = self._find(dispatch_id, COMMITTING, "finished")
+        del self._txns[txn._id]
         self._unlink_worker(txn)
         cdef list stack = txn._stack
         txn._stack = None
         txn._phase = COMMITTED
         return _run(txn, stack, ON_COMMIT, None)
 
+    @cython.binding(False)
+    @cython.embedsignature.format("clinic")
     def fenced_out(self, dispatch_id):
         """Sent, but the result cannot be trusted: run the after-send
         discards in reverse (D4)."""
-        cdef object found = self._active.pop(dispatch_id, None)
-        if found is None:
-            raise IllegalMove(dispatch_id, "fenced_out", self.phase_of(dispatch_id))
-        cdef Transaction txn = <Transaction>found
+        cdef Transaction txn = self._find(dispatch_id, ACTIVE, "fenced_out")
+        del self._txns[txn._id]
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
@@ -535,16 +582,15 @@ cdef class DispatchTables:
         cdef set seen = set()
         cdef list detached = []
         cdef Transaction txn
-        cdef object key
         for item in victims:
             txn = <Transaction>item
             if id(txn) in seen:
                 continue
             seen.add(id(txn))
-            key = txn._id
-            for table in (self._preparing, self._active, self._committing):
-                if (<dict>table).get(key) is txn:
-                    del (<dict>table)[key]
+            if self._txns.get(txn._id) is txn:
+                del self._txns[txn._id]
+            if self._planted:
+                self._planted = [entry for entry in self._planted if entry[1] is not txn]
             self._unlink_sent(txn)
             self._unlink_worker(txn)
             self._occupied[txn._worker] -= 1
@@ -583,11 +629,10 @@ cdef class DispatchTables:
         stay for the caller to finish or for recovery to roll forward."""
         cdef list victims = []
         cdef Transaction txn
-        for table in (self._preparing, self._active, self._committing):
-            for item in (<dict>table).values():
-                txn = <Transaction>item
-                if txn._phase == PREPARING or txn._phase == ACTIVE:
-                    victims.append(txn)
+        for item in [*self._txns.values(), *[entry[1] for entry in self._planted]]:
+            txn = <Transaction>item
+            if txn._phase == PREPARING or txn._phase == ACTIVE:
+                victims.append(txn)
         return self._sweep(victims) if victims else _NO_FAILURES
 
     # -- boundaries ------------------------------------------------------
@@ -609,48 +654,32 @@ cdef class DispatchTables:
 
     # -- looking, never moving -------------------------------------------
 
-    cdef object _get(self, object dispatch_id):
-        cdef object txn = self._active.get(dispatch_id)
-        if txn is None:
-            txn = self._preparing.get(dispatch_id)
-            if txn is None:
-                txn = self._committing.get(dispatch_id)
-        return txn
-
     def get(self, dispatch_id):
-        return self._get(dispatch_id)
+        return self._txns.get(dispatch_id)
 
     def phase_of(self, dispatch_id):
-        cdef object txn = self._get(dispatch_id)
+        cdef object txn = self._txns.get(dispatch_id)
         return None if txn is None else _PHASES[(<Transaction>txn)._phase]
 
     def match(self, worker, dispatch_id):
         """The ACTIVE dispatch this result answers, or UnknownDispatch /
         WrongWorker: a result to count and drop."""
-        cdef object found = self._active.get(dispatch_id)
-        if found is not None:
-            if (<Transaction>found)._worker != worker:
-                raise WrongWorker(dispatch_id, (<Transaction>found)._worker, worker)
-            return found
-        found = self._preparing.get(dispatch_id)
+        cdef object found = self._txns.get(dispatch_id)
         if found is None:
-            found = self._committing.get(dispatch_id)
-        if found is not None and (<Transaction>found)._worker != worker:
-            raise WrongWorker(dispatch_id, (<Transaction>found)._worker, worker)
-        raise UnknownDispatch(
-            dispatch_id, None if found is None else _PHASES[(<Transaction>found)._phase]
-        )
+            raise UnknownDispatch(dispatch_id, None)
+        cdef Transaction txn = <Transaction>found
+        if txn._worker != worker:
+            raise WrongWorker(dispatch_id, txn._worker, worker)
+        if txn._phase != ACTIVE:
+            raise UnknownDispatch(dispatch_id, _PHASES[txn._phase])
+        return txn
 
     def in_flight(self, worker=None):
         """A snapshot of the dispatches in any table (of one worker, if
         given), oldest first."""
         cdef list txns
         if worker is None:
-            txns = [
-                *self._preparing.values(),
-                *self._active.values(),
-                *self._committing.values(),
-            ]
+            txns = [*self._txns.values(), *[entry[1] for entry in self._planted]]
             txns.sort(key=_dispatch_id)
             return iter(txns)
         cdef Py_ssize_t w = self._worker_index(worker)
@@ -681,28 +710,39 @@ cdef class DispatchTables:
         return [object_id for object_id in object_ids if object_id not in <set>cache]
 
     def __len__(self):
-        return len(self._preparing) + len(self._active) + len(self._committing)
+        return len(self._txns) + len(self._planted)
 
     def __repr__(self):
+        cdef Py_ssize_t[3] counts = [0, 0, 0]
+        for txn in self._txns.values():
+            counts[(<Transaction>txn)._phase] += 1
+        for table, _ in self._planted:
+            counts[<int>table] += 1
         return (
-            f"<DispatchTables workers={self._n_workers} preparing={len(self._preparing)} "
-            f"active={len(self._active)} committing={len(self._committing)}>"
+            f"<DispatchTables workers={self._n_workers} preparing={counts[PREPARING]} "
+            f"active={counts[ACTIVE]} committing={counts[COMMITTING]}>"
         )
 
     # -- test-only hook --------------------------------------------------
 
     def _debug_plant(self, dispatch_id, phase):
         """Put a dispatch into a second table as a regression would; tests
-        use it to check that sweeps still compensate each dispatch once."""
-        txn = self._get(dispatch_id)
+        use it to check that sweeps still compensate each dispatch once.
+        Counted by len, in_flight, repr and sweeps alone: moves and look-ups
+        see the dispatch where its phase says."""
+        txn = self._txns.get(dispatch_id)
         if txn is None:
             raise KeyError(dispatch_id)
-        table = {
-            Phase.PREPARING: self._preparing,
-            Phase.ACTIVE: self._active,
-            Phase.COMMITTING: self._committing,
+        # KeyError for a phase that has no table
+        cdef int table = {
+            Phase.PREPARING: PREPARING, Phase.ACTIVE: ACTIVE, Phase.COMMITTING: COMMITTING
         }[phase]
-        table[dispatch_id] = txn
+        if (<Transaction>txn)._phase == table:
+            return  # already in that table
+        for entry in self._planted:
+            if entry[0] == table and entry[1] is txn:
+                return
+        self._planted.append((table, txn))
 
 
 def _first(item):

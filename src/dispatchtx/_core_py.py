@@ -6,7 +6,9 @@ clock: the caller reports what happened (`sent`, `fence_passed`, ...) and
 passes the time.
 
 Layout, chosen so that every operation is O(1) in workers and dispatches:
-- three dicts (preparing, active, committing) keyed by dispatch id;
+- one dict of every dispatch in flight, keyed by dispatch id: the phase in
+  the transaction says which of the three tables (preparing, active,
+  committing) it is in, so that a move is one look-up and no dict write;
 - per worker, an intrusive doubly linked list of its dispatches (any phase)
   and a count of the PREPARING or ACTIVE ones (D1);
 - one intrusive list of ACTIVE dispatches in send order, so that
@@ -318,8 +320,8 @@ class _CommittingBoundary:
 
     def __enter__(self) -> Transaction:
         tables = self._tables
-        txn = tables._committing.get(self._id)
-        if txn is not None:
+        txn = tables._txns.get(self._id)
+        if txn is not None and txn._phase is _COMMITTING:
             return txn  # a retry of a triage that failed before
         return tables.fence_passed(self._id)
 
@@ -347,9 +349,8 @@ class DispatchTables:
         "_n_workers",
         "_max_in_flight",
         "_next_id",
-        "_preparing",
-        "_active",
-        "_committing",
+        "_txns",
+        "_planted",
         "_heads",
         "_occupied",
         "_caches",
@@ -371,9 +372,9 @@ class DispatchTables:
         self._n_workers = n_workers
         self._max_in_flight = max_in_flight
         self._next_id = first_id
-        self._preparing: dict[int, Transaction] = {}
-        self._active: dict[int, Transaction] = {}
-        self._committing: dict[int, Transaction] = {}
+        self._txns: dict[int, Transaction] = {}
+        # (phase, txn) put in a second table by _debug_plant
+        self._planted: list[tuple[Phase, Transaction]] = []
         self._heads: list[Transaction | None] = [None] * self._n_workers
         self._occupied: list[int] = [0] * self._n_workers
         self._caches: list[set[str] | None] = [None] * self._n_workers
@@ -450,6 +451,15 @@ class DispatchTables:
             self._sent_tail = prev
         txn._s_prev = txn._s_next = None
 
+    def _find(self, dispatch_id: int, phase: Phase, move: str) -> Transaction:
+        """The dispatch in `phase`, or IllegalMove naming where it is."""
+        txn = self._txns.get(dispatch_id)
+        if txn is None:
+            raise IllegalMove(dispatch_id, move, None)
+        if txn._phase is not phase:
+            raise IllegalMove(dispatch_id, move, txn._phase)
+        return txn
+
     # -- moves -----------------------------------------------------------
 
     def prepare(self, worker: int, tag: object = None) -> Transaction:
@@ -463,7 +473,7 @@ class DispatchTables:
             raise OverflowError("dispatch ids are exhausted (2**63)")
         self._next_id = dispatch_id + 1
         txn = _new_transaction(dispatch_id, worker, tag)
-        self._preparing[dispatch_id] = txn
+        self._txns[dispatch_id] = txn
         self._occupied[worker] = occupied + 1
         self._link_worker(txn)
         return txn
@@ -475,16 +485,13 @@ class DispatchTables:
         # Checked before anything moves: a bad time leaves the dispatch
         # PREPARING, so its boundary still compensates it.
         now = _as_time(now)
-        txn = self._preparing.pop(dispatch_id, None)
-        if txn is None:
-            raise IllegalMove(dispatch_id, "sent", self.phase_of(dispatch_id))
+        txn = self._find(dispatch_id, _PREPARING, "sent")
         if now < self._last_now:
             now = self._last_now
         else:
             self._last_now = now
         txn._phase = _ACTIVE
         txn._sent_at = now
-        self._active[dispatch_id] = txn
         tail = self._sent_tail
         txn._s_prev = tail
         if tail is None:
@@ -504,30 +511,25 @@ class DispatchTables:
 
     def abort(self, dispatch_id: int) -> Failures:
         """Never sent: run the before-send undos in reverse (D3)."""
-        txn = self._preparing.pop(dispatch_id, None)
-        if txn is None:
-            raise IllegalMove(dispatch_id, "abort", self.phase_of(dispatch_id))
+        txn = self._find(dispatch_id, _PREPARING, "abort")
+        del self._txns[txn._id]
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
         return self._roll_back(txn, _BEFORE)
 
     def fence_passed(self, dispatch_id: int) -> Transaction:
         """`begin_commit` succeeded: ACTIVE -> COMMITTING (D5); the worker is free."""
-        txn = self._active.pop(dispatch_id, None)
-        if txn is None:
-            raise IllegalMove(dispatch_id, "fence_passed", self.phase_of(dispatch_id))
+        txn = self._find(dispatch_id, _ACTIVE, "fence_passed")
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
         txn._phase = _COMMITTING
-        self._committing[dispatch_id] = txn
         return txn
 
     def finished(self, dispatch_id: int) -> Failures:
         """Triage and completion done: run the releases in reverse and drop
         the stack (D6)."""
-        txn = self._committing.pop(dispatch_id, None)
-        if txn is None:
-            raise IllegalMove(dispatch_id, "finished", self.phase_of(dispatch_id))
+        txn = self._find(dispatch_id, _COMMITTING, "finished")
+        del self._txns[txn._id]
         self._unlink_worker(txn)
         stack = txn._stack
         txn._stack = None
@@ -541,9 +543,8 @@ class DispatchTables:
     def fenced_out(self, dispatch_id: int) -> Failures:
         """Sent, but the result cannot be trusted: run the after-send
         discards in reverse (D4)."""
-        txn = self._active.pop(dispatch_id, None)
-        if txn is None:
-            raise IllegalMove(dispatch_id, "fenced_out", self.phase_of(dispatch_id))
+        txn = self._find(dispatch_id, _ACTIVE, "fenced_out")
+        del self._txns[txn._id]
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
@@ -572,9 +573,10 @@ class DispatchTables:
                 continue
             seen.add(id(txn))
             dispatch_id = txn._id
-            for table in (self._preparing, self._active, self._committing):
-                if table.get(dispatch_id) is txn:
-                    del table[dispatch_id]
+            if self._txns.get(dispatch_id) is txn:
+                del self._txns[dispatch_id]
+            if self._planted:
+                self._planted = [entry for entry in self._planted if entry[1] is not txn]
             self._unlink_sent(txn)
             self._unlink_worker(txn)
             self._occupied[txn._worker] -= 1
@@ -617,8 +619,7 @@ class DispatchTables:
         stay for the caller to finish or for recovery to roll forward."""
         victims = [
             txn
-            for table in (self._preparing, self._active, self._committing)
-            for txn in table.values()
+            for txn in [*self._txns.values(), *[txn for _, txn in self._planted]]
             if txn._phase is _PREPARING or txn._phase is _ACTIVE
         ]
         return self._sweep(victims) if victims else NO_FAILURES
@@ -636,41 +637,29 @@ class DispatchTables:
     # -- looking, never moving -------------------------------------------
 
     def get(self, dispatch_id: int) -> Transaction | None:
-        txn = self._active.get(dispatch_id)
-        if txn is None:
-            txn = self._preparing.get(dispatch_id)
-            if txn is None:
-                txn = self._committing.get(dispatch_id)
-        return txn
+        return self._txns.get(dispatch_id)
 
     def phase_of(self, dispatch_id: int) -> Phase | None:
-        txn = self.get(dispatch_id)
+        txn = self._txns.get(dispatch_id)
         return None if txn is None else txn._phase
 
     def match(self, worker: int, dispatch_id: int) -> Transaction:
         """The ACTIVE dispatch this result answers, or UnknownDispatch /
         WrongWorker: a result to count and drop."""
-        txn = self._active.get(dispatch_id)
-        if txn is not None:
-            if txn._worker != worker:
-                raise WrongWorker(dispatch_id, txn._worker, worker)
-            return txn
-        txn = self._preparing.get(dispatch_id)
+        txn = self._txns.get(dispatch_id)
         if txn is None:
-            txn = self._committing.get(dispatch_id)
-        if txn is not None and txn._worker != worker:
+            raise UnknownDispatch(dispatch_id, None)
+        if txn._worker != worker:
             raise WrongWorker(dispatch_id, txn._worker, worker)
-        raise UnknownDispatch(dispatch_id, None if txn is None else txn._phase)
+        if txn._phase is not _ACTIVE:
+            raise UnknownDispatch(dispatch_id, txn._phase)
+        return txn
 
     def in_flight(self, worker: int | None = None) -> Iterator[Transaction]:
         """A snapshot of the dispatches in any table (of one worker, if
         given), oldest first."""
         if worker is None:
-            txns = [
-                *self._preparing.values(),
-                *self._active.values(),
-                *self._committing.values(),
-            ]
+            txns = [*self._txns.values(), *[txn for _, txn in self._planted]]
             txns.sort(key=lambda txn: txn._id)
             return iter(txns)
         worker = self._check_worker(worker)
@@ -702,25 +691,31 @@ class DispatchTables:
         return [object_id for object_id in object_ids if object_id not in cache]
 
     def __len__(self) -> int:
-        return len(self._preparing) + len(self._active) + len(self._committing)
+        return len(self._txns) + len(self._planted)
 
     def __repr__(self) -> str:
+        counts = dict.fromkeys((_PREPARING, _ACTIVE, _COMMITTING), 0)
+        for txn in self._txns.values():
+            counts[txn._phase] += 1
+        for table, _ in self._planted:
+            counts[table] += 1
         return (
-            f"<DispatchTables workers={self._n_workers} preparing={len(self._preparing)} "
-            f"active={len(self._active)} committing={len(self._committing)}>"
+            f"<DispatchTables workers={self._n_workers} preparing={counts[_PREPARING]} "
+            f"active={counts[_ACTIVE]} committing={counts[_COMMITTING]}>"
         )
 
     # -- test-only hook --------------------------------------------------
 
     def _debug_plant(self, dispatch_id: int, phase: Phase) -> None:
         """Put a dispatch into a second table as a regression would; tests
-        use it to check that sweeps still compensate each dispatch once."""
-        txn = self.get(dispatch_id)
+        use it to check that sweeps still compensate each dispatch once.
+        Counted by len, in_flight, repr and sweeps alone: moves and look-ups
+        see the dispatch where its phase says."""
+        txn = self._txns.get(dispatch_id)
         if txn is None:
             raise KeyError(dispatch_id)
-        table = {
-            _PREPARING: self._preparing,
-            _ACTIVE: self._active,
-            _COMMITTING: self._committing,
-        }[phase]
-        table[dispatch_id] = txn
+        # KeyError for a phase that has no table
+        table = {_PREPARING: _PREPARING, _ACTIVE: _ACTIVE, _COMMITTING: _COMMITTING}[phase]
+        if txn._phase is table or (table, txn) in self._planted:
+            return  # already in that table
+        self._planted.append((table, txn))
