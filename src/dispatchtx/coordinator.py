@@ -483,18 +483,18 @@ class Coordinator:
         store batch; only once their commit slots are durable, the triage of
         each."""
         passed: list[tuple[int, int, Result]] = []
+        fenced_ids: set[int] = set()
         try:
             with self.store.batch():
                 for worker, message in messages:
                     for delivered in self._deliveries(worker, message):
-                        if isinstance(delivered, Result) and any(
-                            p[0] == delivered.dispatch_id for p in passed
-                        ):
+                        if isinstance(delivered, Result) and delivered.dispatch_id in fenced_ids:
                             self._drop_duplicate(worker, delivered)
                             continue
                         fenced = self._fence(worker, delivered)
                         if fenced is not None:
                             passed.append(fenced)
+                            fenced_ids.add(fenced[0])
         except (OutcomeUnknown, StoreIOError) as error:
             # The batch's fsync failed: settle each commit on its own before
             # acting on it (calling begin_commit again does).

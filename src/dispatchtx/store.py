@@ -662,6 +662,9 @@ class WorkStore:
         self._pending: set[str] = set()
         # Inside `batch()`: directory -> nonces linked there, not yet durable.
         self._deferred: dict[str, list[str]] | None = None
+        # Those of `_pending` that are linked, ours, and waiting only for the
+        # batch's fsyncs (a subset of `_pending`).
+        self._in_batch: set[str] = set()
         # Claimer's watch, one per item: key -> (token, heartbeat seen, monotonic
         # time it was first seen). Watching another token replaces it.
         self._watch: dict[str, tuple[int, object, float]] = {}
@@ -800,11 +803,14 @@ class WorkStore:
             raise
         except BaseException:
             self._deferred = None
+            self._in_batch.clear()  # not fsynced: their outcomes are unknown
             raise
         self._deferred = None
         self._sync_deferred(deferred)
 
     def _sync_deferred(self, deferred: dict[str, list[str]]) -> None:
+        # Whatever is not fsynced now stays pending: an outcome unknown.
+        self._in_batch.clear()
         failed: tuple[str, OSError] | None = None
         for directory, nonces in deferred.items():
             error = self._fsync_dir_retried(directory)
@@ -1265,9 +1271,7 @@ class WorkStore:
     def _unsettled(self) -> bool:
         """Whether a publication's outcome is unknown (not merely waiting for
         the directory fsync at the end of a batch)."""
-        if self._deferred is None or not self._pending:
-            return bool(self._pending)
-        return not self._pending.issubset(itertools.chain.from_iterable(self._deferred.values()))
+        return len(self._pending) > len(self._in_batch)  # O(1): once per publication
 
     def _read_first(self, key: str) -> Record | None:
         try:
@@ -1434,13 +1438,16 @@ class WorkStore:
                     if self._deferred is not None:  # in a batch: fsynced at its end
                         nonces = self._deferred.setdefault(directory, [])
                         nonces.append(nonce)
+                        self._in_batch.add(nonce)
                         if holder is not None:
                             nonces.append(_nonce_of(holder))
+                            self._in_batch.add(_nonce_of(holder))
                         return True, holder
                     self._fs.fsync_dir(directory)
                     self._pending.discard(nonce)
                     if holder is not None:
                         self._pending.discard(_nonce_of(holder))
+                        self._in_batch.discard(_nonce_of(holder))
                     return True, holder
                 except OSError as error:
                     if not linked_once:  # nothing published: a plain failure
@@ -1469,6 +1476,7 @@ class WorkStore:
                 last_error = error
                 continue
             self._pending.discard(record.nonce)
+            self._in_batch.discard(record.nonce)
             return
         raise OutcomeUnknown(action, self._slot_path(key, record.slot), last_error)
 
