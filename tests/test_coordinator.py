@@ -27,7 +27,7 @@ from dispatchtx.fs import (
     FaultPlan as DiskFaults,
 )
 from dispatchtx.simulate import TransportClock
-from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.store import ItemStatus, WorkStore, item_key
 from dispatchtx.transport import SimFaults, SimulatedTransport
 from dispatchtx.workloads import HashWorkload, hash_task
 
@@ -50,7 +50,7 @@ class World:
         *,
         max_in_flight: int = 1,
         deadline: float = 2.0,
-        group_commit: bool = True,
+        group_commit: bool = False,
     ) -> Coordinator:
         config = CoordinatorConfig(
             "coord-a", max_in_flight=max_in_flight, deadline=deadline, group_commit=group_commit
@@ -116,11 +116,11 @@ def test_results_taken_together_pass_the_fence_as_one_group(group_commit: bool) 
 
 @pytest.mark.parametrize(
     ("group", "retried"),
-    [("_dispatch_group", "group claims retried"), ("_receive_group", "group commits retried")],
+    [("_dispatch_group", "group claims failed"), ("_receive_group", "group commits retried")],
 )
 def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: str) -> None:
     world = make_world(workers=8, items=48)
-    coordinator = world.coordinator(max_in_flight=2)
+    coordinator = world.coordinator(max_in_flight=2, group_commit=True)
     failing = {"left": 0, "armed": 1}
 
     def hook(op: Op, path: str) -> Fault | None:
@@ -175,10 +175,55 @@ def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds()
     assert_clean_end(world, coordinator)
 
 
+def test_an_error_in_one_fence_of_a_group_leaves_the_others_carried_on() -> None:
+    world = make_world(workers=4, items=4)
+    coordinator = world.coordinator(group_commit=True)
+    real_fence = coordinator._fence
+    calls = {"n": 0, "failed": 0}
+
+    def fence(worker: int, message: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second result of the first group
+            calls["failed"] += 1
+            raise RuntimeError("injected: a corrupt record")
+        return real_fence(worker, message)
+
+    coordinator._fence = fence  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="injected"):
+        for _ in range(1000):
+            coordinator.step()
+    assert calls["failed"] == 1
+    # The result fenced before the error was carried on: committed, not left ACTIVE.
+    assert coordinator.stats["committed"] == 1
+    assert not any(
+        txn.phase.name == "ACTIVE"
+        and coordinator.store.read(txn.tag[0]).status is not ItemStatus.CLAIMED
+        for txn in coordinator.tables.in_flight()
+    )
+    coordinator.run(max_steps=10_000)  # the failed one is redone after its deadline
+    assert_clean_end(world, coordinator)
+
+
+def test_a_corrupt_item_does_not_hold_up_the_first_look() -> None:
+    world = make_world(workers=2, items=3)
+    other = world.store()
+    other.register("coord-b")
+    assert other.claim("elsewhere") == 1
+    slot = f"{ROOT}/items/{item_key('elsewhere')}/s.0000000001"
+    world.fs.pwrite(slot, 0, b"not a record at all\n")
+    coordinator = world.coordinator()
+    coordinator.run(max_steps=10_000)
+    assert not coordinator.recovering
+    assert coordinator.stats["unreadable items"] == 1
+    coordinator.shutdown()
+    assert world.workload.remaining() == 0 and coordinator.leaks() == []
+    assert all(coordinator.store.read(w).status is ItemStatus.DONE for w in world.workload.items)
+
+
 def test_a_duplicate_inside_a_group_is_dropped() -> None:
     world = make_world(workers=8, items=48, seed=5)
     plan = FaultPlan({FaultPoint.DUPLICATE_RESULT: 0.3}, seed=5)
-    coordinator = world.coordinator(plan, max_in_flight=2)
+    coordinator = world.coordinator(plan, max_in_flight=2, group_commit=True)
     coordinator.run(max_steps=10_000)
     assert plan.fired[FaultPoint.DUPLICATE_RESULT] >= 1
     assert coordinator.stats["group commits"] >= 1

@@ -583,6 +583,25 @@ def test_a_failed_batch_fsync_leaves_the_commit_to_be_settled_by_a_retry(
     assert fs.durable_exists(slot_path(WORK, 2))
 
 
+def test_after_a_failed_batch_the_next_fsync_of_its_directory_settles_it(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items/"))
+    with pytest.raises(OutcomeUnknown), store.batch():
+        assert store.claim(WORK) == 1  # slot 0 and the claim, neither durable
+    fs.fault = None
+    assert store.abandon(WORK, 1, sent=False) is AbandonOutcome.ABANDONED
+    assert fs.durable_exists(slot_path(WORK, 2))
+    # Nothing of ours is unknown any more: publications go by the cached chain.
+    token = store.claim(WORK)
+    assert token == 3
+    fs.log = []
+    assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    assert store.complete(WORK, token) is CompleteOutcome.COMPLETED
+    assert not any(call.op is Op.READ for call in fs.log)
+
+
 def test_a_batch_ended_by_an_error_still_fsyncs_and_batches_do_not_nest(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:

@@ -752,7 +752,7 @@ class JobRunner:
         return os.path.join(self.directory, f"store-{self.jobs + 1:03d}-{tag}")
 
     def dispatchtx(
-        self, ranks: int, depth: int, items: int, fs: str, tag: str, *, group_commit: bool = True
+        self, ranks: int, depth: int, items: int, fs: str, tag: str, *, group_commit: bool = False
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.mpi_job` run, or the error."""
         outcome = self.run(
@@ -770,7 +770,7 @@ class JobRunner:
                 str(depth),
                 "--coordinator-id",
                 "bench",
-                *([] if group_commit else ["--no-group-commit"]),
+                *(["--group-commit"] if group_commit else []),
             ],
             tag,
         )
@@ -921,7 +921,7 @@ def durable_counts(
     workers: int,
     *,
     max_in_flight: int = 1,
-    group_commit: bool = True,
+    group_commit: bool = False,
 ) -> dict[str, Any]:
     """The shape of one `mpi_job --fs real` run in process: a fresh store on
     the real disk through `CountingFS`, `workers` simulated workers, the same

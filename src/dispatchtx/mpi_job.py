@@ -103,9 +103,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hang-rank", type=int, default=0, help="a worker rank that hangs")
     parser.add_argument("--hang-after", type=int, default=3, help="...after this many tasks")
     parser.add_argument(
-        "--no-group-commit",
+        "--group-commit",
         action="store_true",
-        help="claim, fence and complete one item at a time (no store batches)",
+        help="claim and fence the items of one pass together, in one store batch",
     )
     return parser.parse_args(argv)
 
@@ -142,7 +142,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         strikes=args.strikes,
         journal_path=args.journal,
         background_heartbeat=True,  # a long triage must not starve the leases
-        group_commit=not args.no_group_commit,
+        group_commit=args.group_commit,
     )
     started = time.monotonic()
     coordinator = _start(config, transport, store, workload, plan, fs)

@@ -159,6 +159,9 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         # resource kind (targets, shards, bandit, algorithm selection,
         # pairing, proposals, object cache) on every dispatch.
         "workload": "fuzz" if rng.random() < 0.5 else "hash",
+        # Half with group commit (store batches); drawn apart so that the
+        # other draws, and thus the schedules of earlier runs, stay as they were.
+        "group_commit": random.Random(f"{seed}:{schedule}:group").random() < 0.5,
     }
     fuzzing = shape["workload"] == "fuzz"
     report = ScheduleReport(seed, schedule, shape)
@@ -221,6 +224,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             deadline=1.0,
             journal_path=f"/journals/{host.name}.journal",
             journal_policy=journal_policy,
+            group_commit=shape["group_commit"],
         )
         # A start that hits a disk fault (registering its incarnation) exits
         # and is started again, as a supervisor would.

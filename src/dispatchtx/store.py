@@ -665,6 +665,9 @@ class WorkStore:
         # Those of `_pending` that are linked, ours, and waiting only for the
         # batch's fsyncs (a subset of `_pending`).
         self._in_batch: set[str] = set()
+        # directory -> nonces linked there whose batch fsync failed: the next
+        # successful fsync of that directory settles them all.
+        self._unsynced: dict[str, set[str]] = {}
         # Claimer's watch, one per item: key -> (token, heartbeat seen, monotonic
         # time it was first seen). Watching another token replaces it.
         self._watch: dict[str, tuple[int, object, float]] = {}
@@ -816,10 +819,18 @@ class WorkStore:
             error = self._fsync_dir_retried(directory)
             if error is None:
                 self._pending.difference_update(nonces)
-            elif failed is None:
+                self._synced(directory)
+                continue
+            self._unsynced.setdefault(directory, set()).update(nonces)
+            if failed is None:
                 failed = (directory, error)
         if failed is not None:
             raise OutcomeUnknown("batch", failed[0], failed[1])
+
+    def _synced(self, directory: str) -> None:
+        """`directory` was fsynced: what a failed batch linked there is durable."""
+        if self._unsynced:
+            self._pending.difference_update(self._unsynced.pop(directory, ()))
 
     def _fsync_dir_retried(self, directory: str) -> OSError | None:
         last_error: OSError | None = None
@@ -892,6 +903,8 @@ class WorkStore:
                 record = self._record(key, slot, Change.QUARANTINE, 0, owner)
                 published = self._publish(key, record, "quarantine")
                 if published.ours and published.record.change is Change.QUARANTINE:
+                    if head is not None and head.change is Change.CLAIM:
+                        self._drop_heartbeat(key, head.token)  # the claim it ended
                     return ClaimResult(ClaimOutcome.QUARANTINED, None, lost, quarantined_now=True)
             else:
                 # The counter file exists BEFORE the claim can be seen, so no
@@ -1090,6 +1103,25 @@ class WorkStore:
     def committing_items(self) -> list[ItemState]:
         return [state for state in self.items() if state.status is ItemStatus.COMMITTING]
 
+    def mark_committing_items(self) -> list[str]:
+        """Read every item (O(items): once per coordinator start) and mark
+        the COMMITTING ones "maybe committing" again, for the looks of
+        `roll_forward_candidates`. An item whose records are corrupt is
+        skipped, not fatal: its key is returned."""
+        unreadable = []
+        for key in self._item_keys():
+            try:
+                work_id = self._work_id_of(key)
+                if work_id is None:
+                    continue
+                state = self._state(key, work_id, self._load(key, work_id, create=False))
+            except CorruptRecord:
+                unreadable.append(key)
+                continue
+            if state.status is ItemStatus.COMMITTING:
+                self._mark_committing(key)
+        return unreadable
+
     def _marked_committing(self) -> list[ItemState]:
         """The COMMITTING items among the marked ones; marks of final items
         (done, quarantined) are removed on the way. A mark on an item that is
@@ -1157,19 +1189,15 @@ class WorkStore:
         O(items)): a commit slot is linked only after its mark exists, and a
         mark goes only once its item is final. A power loss can drop a mark
         whose commit survived (the mark's directory is not fsynced), so a
-        coordinator's first look after its start is `full`: it reads every
-        item and marks the COMMITTING ones again; and a claim that finds an
-        item COMMITTING marks it again (a stale "absent" may have hidden that
-        commit from the full look)."""
+        coordinator's first look after its start is `full`: see
+        `mark_committing_items`. A claim that finds an item COMMITTING marks
+        it again too (a stale "absent" may have hidden that commit from the
+        full look)."""
         now = self._now(now)
         candidates = []
         if full:
-            states = self.committing_items()
-            for state in states:  # put back marks a power loss took, for the later looks
-                self._mark_committing(state.key)
-        else:
-            states = self._marked_committing()
-        for state in states:
+            self.mark_committing_items()
+        for state in self._marked_committing():
             assert state.owner is not None and state.token is not None
             if state.owner == self._owner:
                 continue  # ours: this incarnation is finishing it
@@ -1444,6 +1472,7 @@ class WorkStore:
                             self._in_batch.add(_nonce_of(holder))
                         return True, holder
                     self._fs.fsync_dir(directory)
+                    self._synced(directory)
                     self._pending.discard(nonce)
                     if holder is not None:
                         self._pending.discard(_nonce_of(holder))
@@ -1475,6 +1504,7 @@ class WorkStore:
             except OSError as error:
                 last_error = error
                 continue
+            self._synced(directory)
             self._pending.discard(record.nonce)
             self._in_batch.discard(record.nonce)
             return
