@@ -1005,10 +1005,9 @@ def durable_run(
             "fsyncs counted on a fresh store per run, the shape of one mpi_job run (the job "
             "starts on a fresh store too: its first commits also make objects/<aa>/ durable)",
             "group commit (claims of one pass over the free workers, results of one poll: "
-            "their directory fsyncs at the end of one store batch) is on in every row but "
-            "the 'one at a time' ones; at max_in_flight 1 and 2 workers a batch holds at "
-            "most 2 items; mpi_job runs no journal (the journal's group policy is in "
-            "section 5)",
+            "their directory fsyncs at the end of one store batch) is off by default and on "
+            "only in the 'grouped' row; mpi_job runs no journal (the journal's group policy "
+            "is in section 5)",
         ],
     }
 
