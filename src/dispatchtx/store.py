@@ -819,7 +819,6 @@ class WorkStore:
             error = self._fsync_dir_retried(directory)
             if error is None:
                 self._pending.difference_update(nonces)
-                self._synced(directory)
                 continue
             self._unsynced.setdefault(directory, set()).update(nonces)
             if failed is None:
@@ -833,6 +832,7 @@ class WorkStore:
             self._pending.difference_update(self._unsynced.pop(directory, ()))
 
     def _fsync_dir_retried(self, directory: str) -> OSError | None:
+        """fsync `directory`, retried; None once it succeeded, else the last error."""
         last_error: OSError | None = None
         for attempt in range(self._attempts):
             if attempt:
@@ -842,6 +842,7 @@ class WorkStore:
             except OSError as error:
                 last_error = error
                 continue
+            self._synced(directory)
             return None
         return last_error
 
@@ -1494,21 +1495,11 @@ class WorkStore:
     def _settle(self, key: str, record: Record, action: str) -> None:
         """Our earlier ambiguous publication turned up: make it durable before
         anyone acts on it, then forget that it was pending."""
-        directory = self._item_dir(key)
-        last_error: OSError | None = None
-        for attempt in range(self._attempts):
-            if attempt:
-                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
-            try:
-                self._fs.fsync_dir(directory)
-            except OSError as error:
-                last_error = error
-                continue
-            self._synced(directory)
-            self._pending.discard(record.nonce)
-            self._in_batch.discard(record.nonce)
-            return
-        raise OutcomeUnknown(action, self._slot_path(key, record.slot), last_error)
+        error = self._fsync_dir_retried(self._item_dir(key))
+        if error is not None:
+            raise OutcomeUnknown(action, self._slot_path(key, record.slot), error)
+        self._pending.discard(record.nonce)
+        self._in_batch.discard(record.nonce)
 
     # -- expiry --------------------------------------------------------------------
 
