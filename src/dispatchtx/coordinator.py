@@ -243,11 +243,16 @@ class Coordinator:
         earlier incarnation left COMMITTING) has yet to succeed."""
         return self._full_look_due
 
+    @property
+    def idle(self) -> bool:
+        """Every item done or dropped, nothing in flight, and what an earlier
+        incarnation left COMMITTING looked for: nothing left to step for."""
+        return not (self.workload.remaining() or len(self.tables) or self._full_look_due)
+
     def run(self, *, max_steps: int | None = None) -> None:
-        """Step until every item is done or dropped, nothing is in flight,
-        and what an earlier incarnation left COMMITTING was looked for."""
+        """Step until `idle`."""
         steps = 0
-        while self.workload.remaining() or len(self.tables) or self._full_look_due:
+        while not self.idle:
             self.step()
             steps += 1
             if max_steps is not None and steps >= max_steps:

@@ -179,7 +179,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     recovered_after = time.monotonic() - started
     next_status = 0.0
     while True:
-        while workload.remaining() or len(coordinator.tables) or coordinator.recovering:
+        while not coordinator.idle:
             coordinator.step()
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + 1.0

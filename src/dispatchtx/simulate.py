@@ -285,15 +285,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     killed_for_good = False
     while True:
         live = [h for h in hosts if not h.dead_for_good]
-        if (
-            all(h.workload.remaining() == 0 for h in live)
-            and all(
-                h.coordinator is not None
-                and len(h.coordinator.tables) == 0
-                and not h.coordinator.recovering
-                for h in live
-            )
-            and not (fuzzing and adopt_orphans(live))
+        if all(h.coordinator is not None and h.coordinator.idle for h in live) and not (
+            fuzzing and adopt_orphans(live)
         ):
             break
         steps += 1
