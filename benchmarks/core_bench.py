@@ -10,7 +10,7 @@ compare the ratios measured in one run, not absolute times across runs.
 
     python benchmarks/core_bench.py [--json FILE] [--quick]
 
-The measurement lives in `dispatchtx.bench` (it ships with the package;
+The measurement lives in `dispatchtx.jobs.bench` (it ships with the package;
 `dispatchtx bench` runs it beside the other sections): this script prints
 these figures alone.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from dispatchtx.bench import core_main
+from dispatchtx.jobs.bench import core_main
 
 if __name__ == "__main__":
     sys.exit(core_main(description=(__doc__ or "").splitlines()[0]))

@@ -35,7 +35,7 @@ machines or runs.
 
     python benchmarks/store_bench.py [--json FILE] [--quick] [--dir DIR] [--keep]
 
-The measurement lives in `dispatchtx.bench` (it ships with the package;
+The measurement lives in `dispatchtx.jobs.bench` (it ships with the package;
 `dispatchtx bench` runs it beside the other sections): this script prints
 these figures alone.
 """
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import sys
 
-from dispatchtx.bench import store_main
+from dispatchtx.jobs.bench import store_main
 
 if __name__ == "__main__":
     sys.exit(store_main(description=(__doc__ or "").splitlines()[0]))

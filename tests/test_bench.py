@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dispatchtx import bench
+from dispatchtx.jobs import bench
 from dispatchtx.launch import MPIExecNotFound, find_mpiexec
 from dispatchtx.objects import object_id_of
 
@@ -194,7 +194,7 @@ def test_the_raw_loop_and_the_futures_pool_report_results_per_second(tmp_path: P
         2,
         [
             "-m",
-            "dispatchtx.bench_raw_mpi",
+            "dispatchtx.jobs.bench.raw_mpi",
             "--items",
             "20",
             "--max-in-flight",
@@ -212,7 +212,7 @@ def test_the_raw_loop_and_the_futures_pool_report_results_per_second(tmp_path: P
     assert positive(raw.report["work_message_bytes"])
     futures = runner.run(
         2,
-        ["-m", "mpi4py.futures", "-m", "dispatchtx.bench_futures_mpi", "--items", "20"],
+        ["-m", "mpi4py.futures", "-m", "dispatchtx.jobs.bench.futures_mpi", "--items", "20"],
         "futures",
     )
     assert futures.error is None and futures.report is not None

@@ -26,10 +26,9 @@ from dispatchtx.fs import (
 from dispatchtx.fs import (
     FaultPlan as DiskFaults,
 )
-from dispatchtx.simulate import TransportClock
+from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import ItemStatus, WorkStore, item_key
-from dispatchtx.transport import SimFaults, SimulatedTransport
-from dispatchtx.workloads import HashWorkload, hash_task
+from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
 ROOT = "/store"
 

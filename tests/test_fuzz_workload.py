@@ -13,7 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatchtx.campaign import (
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
+from dispatchtx.fs import FaultPlan as DiskFaults
+from dispatchtx.jobs.workloads import (
     STRATEGIES,
     TARGETS,
     BatchResult,
@@ -28,17 +32,18 @@ from dispatchtx.campaign import (
     fuzz_locally,
     fuzz_task,
 )
-from dispatchtx.campaign.fuzz import CampaignDir, MalformedResult, Published, encode_delta, mutate
-from dispatchtx.campaign.targets import MAX_INPUT, SIGNATURE_PATTERN
-from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
-from dispatchtx.fs import FaultPlan as DiskFaults
+from dispatchtx.jobs.workloads.fuzz import (
+    CampaignDir,
+    MalformedResult,
+    Published,
+    encode_delta,
+    mutate,
+)
+from dispatchtx.jobs.workloads.targets import MAX_INPUT, SIGNATURE_PATTERN
 from dispatchtx.objects import object_id_of
 from dispatchtx.resources import ProposalState
-from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ItemStatus, WorkStore
-from dispatchtx.transport import SimFaults, SimulatedTransport, Work
+from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock, Work
 
 ROOT = "/store"
 CAMPAIGN = "/campaign"

@@ -27,7 +27,7 @@ def run_job(tmp_path: Path, ranks: int, *options: str) -> dict[str, Any]:
     report = tmp_path / "report.json"
     job = start_job(
         ranks,
-        "dispatchtx.mpi_job",
+        "dispatchtx.jobs.mpi_job",
         ["--store", str(tmp_path / "store"), "--report", str(report), *options],
     )
     deadline = time.monotonic() + JOB_TIMEOUT

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatchtx import simulate
-from dispatchtx.workloads import HashWorkload
+from dispatchtx.jobs import simulate
+from dispatchtx.jobs.workloads.hash import HashWorkload
 
 
 def test_a_short_simulation_shows_no_violation() -> None:

@@ -61,6 +61,7 @@ from typing import (
 
 __all__ = [
     "DEFAULT_WALL_START",
+    "DISK_FAULTS",
     "FS",
     "TEMP_PREFIX",
     "AppendHandle",
@@ -78,6 +79,7 @@ __all__ = [
     "FiredFault",
     "KillAction",
     "Op",
+    "RandomDiskFaults",
     "RealAppendHandle",
     "RealClock",
     "RealFS",
@@ -1420,3 +1422,31 @@ class FaultyFS(_FaultPoints):
 
     def __repr__(self) -> str:
         return f"FaultyFS({self.inner!r}, calls={self.total_calls}, killed={self._killed})"
+
+
+# Disk faults per FS call, and the ones each call can suffer.
+DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
+    Op.READ: (FaultKind.EIO, FaultKind.STALE_ABSENT, FaultKind.ESTALE),
+    Op.EXISTS: (FaultKind.STALE_ABSENT,),
+    Op.WRITE_TEMP: (FaultKind.EIO, FaultKind.ENOSPC),
+    Op.LINK: (FaultKind.EIO, FaultKind.LOST_LINK_REPLY, FaultKind.ESTALE),
+    Op.FSYNC_DIR: (FaultKind.EIO,),
+    Op.PWRITE: (FaultKind.EIO, FaultKind.ENOSPC),
+}
+
+
+class RandomDiskFaults:
+    """A fault hook for SimulatedFS: each call fails with probability `rate`."""
+
+    def __init__(self, rng: random.Random, rate: float) -> None:
+        self._rng = rng
+        self.rate = rate
+        self.fired: Counter[str] = Counter()
+
+    def __call__(self, op: Op, path: str) -> Fault | None:
+        kinds = DISK_FAULTS.get(op)
+        if not kinds or self.rate <= 0.0 or self._rng.random() >= self.rate:
+            return None
+        kind = self._rng.choice(kinds)
+        self.fired[f"disk-{kind.name.lower().replace('_', '-')}"] += 1
+        return Fault(kind)

@@ -63,6 +63,7 @@ __all__ = [
     "Stop",
     "TaskFn",
     "TraceEntry",
+    "TransportClock",
     "Transport",
     "TransportClosed",
     "TransportError",
@@ -1411,6 +1412,20 @@ class SimulatedTransport:
 # `mpiexec -n N python -m dispatchtx.transport`: a self-test over real ranks
 
 _SUMMARY_TAG: Final = 74
+
+
+class TransportClock:
+    """A host's clock: its transport's virtual time."""
+
+    def __init__(self, transport: SimulatedTransport, wall_offset: float) -> None:
+        self._transport = transport
+        self.wall_offset = wall_offset
+
+    def monotonic(self) -> float:
+        return self._transport.now()
+
+    def wall(self) -> float:
+        return self.wall_offset + self._transport.now()
 
 
 def _selftest_payload(number: int, object_id: str, large: bool) -> object:

@@ -1,7 +1,7 @@
 """`dispatchtx bench`: where dispatchtx stands, in one command and one run.
 
     python -m dispatchtx bench [--json FILE] [--quick]
-    python -m dispatchtx.bench [--json FILE] [--quick]
+    python -m dispatchtx.jobs.bench [--json FILE] [--quick]
 
 Five sections, all measured in the same run on this machine:
 
@@ -15,9 +15,9 @@ Five sections, all measured in the same run on this machine:
    1,048,576 when it fits the time budget), beside the tables' own ns per
    lifecycle at that many workers;
 3. real MPI at 2, 3, 5 and 9 ranks, `max_in_flight` 1 and 4: results/s of
-   `dispatchtx.mpi_job --fs memory`, of a raw mpi4py loop with the same
-   polling and message sizes (`dispatchtx.bench_raw_mpi`) and of
-   `mpi4py.futures` with a no-op task (`dispatchtx.bench_futures_mpi`);
+   `dispatchtx.jobs.mpi_job --fs memory`, of a raw mpi4py loop with the same
+   polling and message sizes (`dispatchtx.jobs.bench.raw_mpi`) and of
+   `mpi4py.futures` with a no-op task (`dispatchtx.jobs.bench.futures_mpi`);
 4. the durable path: `mpi_job --fs real` at 3 ranks beside its bound,
    1 / (fsyncs per item x one fsync's latency), both measured in this run;
 5. the journal and the store (the figures of benchmarks/store_bench.py).
@@ -62,13 +62,12 @@ import dispatchtx
 from dispatchtx import Transaction
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.fs import RealAppendHandle, RealClock, RealFS, SimulatedFS
+from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.journal import Event, FsyncPolicy, Journal, JournalModel, json_model
 from dispatchtx.launch import find_mpiexec, kill_job
 from dispatchtx.objects import object_id_of
-from dispatchtx.simulate import TransportClock
 from dispatchtx.store import ClaimOutcome, CommitOutcome, CompleteOutcome, WorkStore
-from dispatchtx.transport import SimulatedTransport
-from dispatchtx.workloads import HashWorkload, hash_task
+from dispatchtx.transport import SimulatedTransport, TransportClock
 
 __all__ = [
     "BenchConfig",
@@ -754,12 +753,12 @@ class JobRunner:
     def dispatchtx(
         self, ranks: int, depth: int, items: int, fs: str, tag: str, *, group_commit: bool = False
     ) -> tuple[float | None, str | None]:
-        """results/s of one `dispatchtx.mpi_job` run, or the error."""
+        """results/s of one `dispatchtx.jobs.mpi_job` run, or the error."""
         outcome = self.run(
             ranks,
             [
                 "-m",
-                "dispatchtx.mpi_job",
+                "dispatchtx.jobs.mpi_job",
                 "--fs",
                 fs,
                 "--store",
@@ -819,7 +818,7 @@ def mpi_run(
             ranks,
             [
                 "-m",
-                "dispatchtx.bench_raw_mpi",
+                "dispatchtx.jobs.bench.raw_mpi",
                 "--items",
                 str(items),
                 "--max-in-flight",
@@ -849,7 +848,7 @@ def mpi_run(
                 "-m",
                 "mpi4py.futures",
                 "-m",
-                "dispatchtx.bench_futures_mpi",
+                "dispatchtx.jobs.bench.futures_mpi",
                 "--items",
                 str(items),
                 "--repetitions",

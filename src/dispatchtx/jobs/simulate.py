@@ -29,7 +29,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatchtx.campaign.fuzz import (
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
+from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
     FuzzLedger,
     FuzzWorkload,
@@ -37,14 +40,11 @@ from dispatchtx.campaign.fuzz import (
     committed_slots,
     fuzz_task,
 )
-from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import Fault, FaultKind, Op, SimulatedCrash, SimulatedFS
+from dispatchtx.jobs.workloads.hash import HashWorkload, TriageLedger, hash_task
 from dispatchtx.journal import FsyncPolicy
 from dispatchtx.objects import StoreError
 from dispatchtx.store import ItemStatus, WorkStore
-from dispatchtx.transport import SimFaults, SimulatedTransport
-from dispatchtx.workloads import HashWorkload, TriageLedger, hash_task
+from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
 __all__ = ["ScheduleReport", "main", "run_schedule", "run_schedules"]
 
@@ -56,17 +56,6 @@ KILL_POINTS: tuple[FaultPoint, ...] = (
     FaultPoint.KILL_AFTER_TRIAGE,
     FaultPoint.KILL_AFTER_COMPLETE,
 )
-# Disk faults per FS call, and the ones each call can suffer.
-DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
-    Op.READ: (FaultKind.EIO, FaultKind.STALE_ABSENT, FaultKind.ESTALE),
-    Op.EXISTS: (FaultKind.STALE_ABSENT,),
-    Op.WRITE_TEMP: (FaultKind.EIO, FaultKind.ENOSPC),
-    Op.LINK: (FaultKind.EIO, FaultKind.LOST_LINK_REPLY, FaultKind.ESTALE),
-    Op.FSYNC_DIR: (FaultKind.EIO,),
-    Op.PWRITE: (FaultKind.EIO, FaultKind.ENOSPC),
-}
-
-
 # Transport faults, by the names of DESIGN.md §6 where it names them.
 TRANSPORT_FAULTS: dict[str, str] = {
     "stale": FaultPoint.STALE_RESULT.value,
@@ -78,37 +67,6 @@ TRANSPORT_FAULTS: dict[str, str] = {
     "send_failure": "transport-send-failure",
     "ambiguous_send": "transport-ambiguous-send",
 }
-
-
-class TransportClock:
-    """A host's clock: its transport's virtual time."""
-
-    def __init__(self, transport: SimulatedTransport, wall_offset: float) -> None:
-        self._transport = transport
-        self.wall_offset = wall_offset
-
-    def monotonic(self) -> float:
-        return self._transport.now()
-
-    def wall(self) -> float:
-        return self.wall_offset + self._transport.now()
-
-
-class RandomDiskFaults:
-    """A fault hook for SimulatedFS: each call fails with probability `rate`."""
-
-    def __init__(self, rng: random.Random, rate: float) -> None:
-        self._rng = rng
-        self.rate = rate
-        self.fired: Counter[str] = Counter()
-
-    def __call__(self, op: Op, path: str) -> Fault | None:
-        kinds = DISK_FAULTS.get(op)
-        if not kinds or self.rate <= 0.0 or self._rng.random() >= self.rate:
-            return None
-        kind = self._rng.choice(kinds)
-        self.fired[f"disk-{kind.name.lower().replace('_', '-')}"] += 1
-        return Fault(kind)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The baseline of `dispatchtx bench`: a raw mpi4py master/worker loop, with
 nothing of dispatchtx in it but its polling constants.
 
-    mpiexec -n N python -m dispatchtx.bench_raw_mpi --items 800 --max-in-flight 1 4 \\
+    mpiexec -n N python -m dispatchtx.jobs.bench.raw_mpi --items 800 --max-in-flight 1 4 \\
         --repetitions 3 --report FILE
 
 What a user writes without dispatchtx: rank 0 keeps `--max-in-flight` tasks

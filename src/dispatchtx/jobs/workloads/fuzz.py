@@ -52,7 +52,8 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from dispatchtx import Compensation, DispatchTables, Transaction
-from dispatchtx.campaign.targets import (
+from dispatchtx.fs import FS, TEMP_PREFIX
+from dispatchtx.jobs.workloads.targets import (
     MAX_INPUT,
     TARGETS,
     Target,
@@ -60,7 +61,6 @@ from dispatchtx.campaign.targets import (
     target_of_edge,
     target_of_signature,
 )
-from dispatchtx.fs import FS, TEMP_PREFIX
 from dispatchtx.objects import object_id_of
 from dispatchtx.resources import (
     AlgorithmSelection,

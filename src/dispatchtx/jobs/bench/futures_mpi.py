@@ -1,7 +1,7 @@
 """The `mpi4py.futures` baseline of `dispatchtx bench`: no-op tasks through an
 `MPIPoolExecutor` whose workers are the job's other ranks.
 
-    mpiexec -n N python -m mpi4py.futures -m dispatchtx.bench_futures_mpi \\
+    mpiexec -n N python -m mpi4py.futures -m dispatchtx.jobs.bench.futures_mpi \\
         --items 800 --repetitions 3 --report FILE
 
 Every round submits `--items` no-op tasks at once and waits for them all:
@@ -32,7 +32,7 @@ def _task_by_name() -> Callable[[int], int]:
     # Run with `-m`, this module is `__main__` on rank 0; a task pickled as
     # `__main__.noop_task` would not resolve on the workers. Take it from the
     # module under its importable name.
-    module = importlib.import_module("dispatchtx.bench_futures_mpi")
+    module = importlib.import_module("dispatchtx.jobs.bench.futures_mpi")
     task: Callable[[int], int] = module.noop_task
     return task
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
     from mpi4py.futures import MPIPoolExecutor
 
-    from dispatchtx.bench_raw_mpi import write_report
+    from dispatchtx.jobs.bench.raw_mpi import write_report
 
     task = _task_by_name()
     rates: list[float] = []

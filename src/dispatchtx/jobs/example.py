@@ -9,7 +9,7 @@ task was committed exactly once and that nothing leaked, prints a report and
 exits non-zero if anything is off.
 
 Run it with `python -m dispatchtx example` (which starts `mpiexec`), or
-directly: `mpiexec -n 3 python -m dispatchtx.example`.
+directly: `mpiexec -n 3 python -m dispatchtx.jobs.example`.
 """
 
 from __future__ import annotations

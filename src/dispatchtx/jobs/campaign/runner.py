@@ -1,7 +1,7 @@
 """The main job: a real MPI fault campaign (DESIGN.md §6).
 
 Several coordinators share one store directory on the real disk; each runs
-with its workers as its own `mpiexec` job (`dispatchtx.mpi_job`), so that
+with its workers as its own `mpiexec` job (`dispatchtx.jobs.mpi_job`), so that
 one can be killed and restarted while the others go on. The campaign:
 
 - injects the coordinator's fault points at the requested rates, and disk
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatchtx.campaign.fuzz import check_campaign_dir, committed_slots
 from dispatchtx.faults import FaultPoint
 from dispatchtx.fs import RealClock, RealFS
+from dispatchtx.jobs.workloads.fuzz import check_campaign_dir, committed_slots
+from dispatchtx.jobs.workloads.hash import HashWorkload, result_name
 from dispatchtx.launch import kill_job, start_job
 from dispatchtx.store import ItemStatus, WorkStore
-from dispatchtx.workloads import HashWorkload, result_name
 
 __all__ = ["CampaignConfig", "run_campaign"]
 
@@ -168,7 +168,7 @@ class Campaign:
             args += ["--kill-at", kill_at.value, "--kill-rate", "0.15"]
         if hang:
             args += ["--hang-rank", str(config.ranks - 1), "--hang-after", "3", "--strikes", "1"]
-        job = start_job(config.ranks, "dispatchtx.mpi_job", args)
+        job = start_job(config.ranks, "dispatchtx.jobs.mpi_job", args)
         slot.launches.append(Launch(slot.name, number, self.elapsed(), job, report, kill_at, hang))
         self.event("start", slot.name, f"incarnation attempt {number}")
 

@@ -2,7 +2,7 @@
 with the shared store on the real disk (DESIGN.md §6: each coordinator runs
 as its own job, so one can be killed and restarted while others go on).
 
-    mpiexec -n 5 python -m dispatchtx.mpi_job --store DIR --report FILE [...]
+    mpiexec -n 5 python -m dispatchtx.jobs.mpi_job --store DIR --report FILE [...]
 
 Rank 0 runs the coordinator over `MPITransport`; every other rank runs the
 worker loop. The coordinator writes a JSON report (its counts, faults fired,
@@ -25,15 +25,14 @@ from collections import Counter
 from typing import Any
 
 from dispatchtx import COMPILED
-from dispatchtx.campaign.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.faults import FaultPlan, FaultPoint
-from dispatchtx.fs import FS, FaultyFS, RealClock, RealFS, SimulatedFS
+from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
+from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
+from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.objects import StoreError
-from dispatchtx.simulate import RandomDiskFaults
 from dispatchtx.store import ItemStatus, WorkStore
 from dispatchtx.transport import MPITransport, Work, run_worker
-from dispatchtx.workloads import HashWorkload, hash_task
 
 __all__ = ["main", "parse_faults"]
 

@@ -1,10 +1,11 @@
-"""The fault campaign's realistic workload: coverage-guided fuzzing of bundled
-pure-Python targets (`targets`), as a coordinator's `Workload` that reserves
-every resource kind on every dispatch (`fuzz`)."""
+"""The workloads the jobs run: a small self-checking one (`hash`) and the
+campaign's realistic one, coverage-guided fuzzing of bundled pure-Python
+targets (`targets`) as a coordinator's `Workload` that reserves every
+resource kind on every dispatch (`fuzz`)."""
 
 from __future__ import annotations
 
-from dispatchtx.campaign.fuzz import (
+from dispatchtx.jobs.workloads.fuzz import (
     DEPTH_ARMS,
     STRATEGIES,
     BatchResult,
@@ -19,7 +20,7 @@ from dispatchtx.campaign.fuzz import (
     fuzz_locally,
     fuzz_task,
 )
-from dispatchtx.campaign.targets import TARGETS, Execution, Target, execute
+from dispatchtx.jobs.workloads.targets import TARGETS, Execution, Target, execute
 
 __all__ = [
     "DEPTH_ARMS",

@@ -1,0 +1,2 @@
+"""The main job: a real MPI fault campaign with several coordinators on one
+store (`runner`)."""
