@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import (
     Fault,
     FaultKind,

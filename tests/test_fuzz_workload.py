@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
 from dispatchtx.fs import FaultPlan as DiskFaults
 from dispatchtx.jobs.workloads import (

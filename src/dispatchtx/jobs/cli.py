@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "campaign":
         from pathlib import Path
 
-        from dispatchtx.faults import FaultPoint
+        from dispatchtx.coordinator.faults import FaultPoint
         from dispatchtx.jobs.campaign.runner import (
             RATE_POINTS,
             CampaignConfig,

@@ -26,7 +26,7 @@ from typing import Any
 
 from dispatchtx import COMPILED
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import FaultPlan, FaultPoint
+from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
 from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task

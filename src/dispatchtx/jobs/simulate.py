@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatchtx.faults import FaultPoint
+from dispatchtx.coordinator.faults import FaultPoint
 from dispatchtx.fs import RealClock, RealFS
 from dispatchtx.jobs.workloads.fuzz import check_campaign_dir, committed_slots
 from dispatchtx.jobs.workloads.hash import HashWorkload, result_name

@@ -34,7 +34,7 @@ from dispatchtx import (
     UnknownDispatch,
     WrongWorker,
 )
-from dispatchtx.faults import FaultPlan, FaultPoint, InjectedFault
+from dispatchtx.coordinator.faults import FaultPlan, FaultPoint, InjectedFault
 from dispatchtx.fs import FS
 from dispatchtx.journal import FsyncPolicy
 from dispatchtx.objects import StoreError, StoreIOError
