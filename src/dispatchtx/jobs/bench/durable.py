@@ -1,0 +1,188 @@
+"""4. The durable path: `mpi_job --fs real` beside its bound,
+1 / (fsyncs per item x one fsync's latency)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.fs import RealClock
+from dispatchtx.jobs.bench.config import BenchConfig
+from dispatchtx.jobs.bench.mpi import JobRunner, _rates
+from dispatchtx.jobs.bench.scaling import SCALING_TTL
+from dispatchtx.jobs.bench.store_counting import (
+    CountingFS,
+    fsync_bound,
+    fsync_disabled,
+    fsync_seconds,
+    per_op,
+    repeated,
+    summary,
+)
+from dispatchtx.jobs.bench.store_figures import filesystem_of, fsync_latencies
+from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
+from dispatchtx.store import WorkStore
+from dispatchtx.transport import SimulatedTransport
+
+
+def durable_counts(
+    directory: str,
+    items: int,
+    workers: int,
+    *,
+    max_in_flight: int = 1,
+    group_commit: bool = False,
+) -> dict[str, Any]:
+    """The shape of one `mpi_job --fs real` run in process: a fresh store on
+    the real disk through `CountingFS`, `workers` simulated workers, the same
+    items and settings; fsyncs per committed item by kind, and the rate."""
+    fs = CountingFS()
+    transport = SimulatedTransport(workers, hash_task)
+    store = WorkStore(fs, directory, RealClock(), ttl=SCALING_TTL)
+    workload = HashWorkload(items)
+    config = CoordinatorConfig(
+        "bench", deadline=2.0, max_in_flight=max_in_flight, group_commit=group_commit
+    )
+    coordinator = Coordinator(config, transport, store, workload)
+    before = fs.count.snapshot()
+    started = time.perf_counter()
+    coordinator.run()
+    elapsed = time.perf_counter() - started
+    committed = coordinator.stats.counts["committed"]
+    coordinator.shutdown()
+    if committed != items:
+        raise RuntimeError(f"durable path in process: {committed} of {items} committed")
+    return {"rate": committed / elapsed, **per_op(fs.count.since(before), committed)}
+
+
+def durable_run(
+    config: BenchConfig, runner: JobRunner, base: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    ranks, items, reps = config.durable_ranks, config.durable_items, config.durable_repetitions
+    workers = ranks - 1
+    progress("4. durable path: fsync latency")
+    latencies = fsync_latencies(base, config.fsync_samples, "durable")
+    latency = {kind: statistics.median(samples) for kind, samples in latencies.items()}
+    progress("4. durable path: fsyncs per item, counted in process")
+    counter = itertools.count()
+    in_process = repeated(
+        reps,
+        lambda tag: durable_counts(os.path.join(base, f"durable-{next(counter)}"), items, workers),
+    )
+    progress("4. durable path: the same in process, os.fsync a no-op")
+    without_fsync = repeated(
+        reps,
+        lambda tag: _without_fsync(
+            durable_counts, os.path.join(base, f"durable-{next(counter)}"), items, workers
+        ),
+    )
+    bound = fsync_bound(in_process, latency)
+    progress("4. durable path: mpi_job --fs real, warm-up job")
+    runner.dispatchtx(ranks, 1, max(10, items // 4), "real", "durable-warm")
+    samples: list[float] = []
+    errors: list[str] = []
+    for rep in range(reps):
+        progress(f"4. durable path: mpi_job --fs real, repetition {rep + 1}/{reps}")
+        rate, error = runner.dispatchtx(ranks, 1, items, "real", "durable")
+        if rate is not None:
+            samples.append(rate)
+        if error is not None:
+            errors.append(error)
+    mpi = _rates(samples, errors)
+    batching = durable_batching(config, runner, base, counter, progress)
+    return {
+        "ranks": ranks,
+        "max_in_flight": 1,
+        "items_per_repetition": items,
+        "repetitions": reps,
+        "directory": base,
+        "filesystem": filesystem_of(base),
+        "fsync_latency_s": {kind: summary(samples) for kind, samples in latencies.items()},
+        "fsyncs_per_item": in_process["fsyncs_per_op"],
+        "fsync_seconds_per_item": fsync_seconds(in_process, latency),
+        "bound": bound,
+        "mpi": mpi,
+        "fraction_of_bound": None
+        if bound is None or mpi["median"] is None
+        else mpi["median"] / bound,
+        "in_process": {key: in_process[key] for key in ("median", "min", "max", "samples")},
+        "in_process_fraction_of_bound": None if bound is None else in_process["median"] / bound,
+        "in_process_without_fsync": {
+            key: without_fsync[key] for key in ("median", "min", "max", "samples")
+        },
+        "batching": batching,
+        "notes": [
+            "fsyncs counted on a fresh store per run, the shape of one mpi_job run (the job "
+            "starts on a fresh store too: its first commits also make objects/<aa>/ durable)",
+            "group commit (claims of one pass over the free workers, results of one poll: "
+            "their directory fsyncs at the end of one store batch) is off by default and on "
+            "only in the 'grouped' row; mpi_job runs no journal (the journal's group policy "
+            "is in section 5)",
+        ],
+    }
+
+
+BATCHING_DEPTH: Final = 4
+
+
+def durable_batching(
+    config: BenchConfig,
+    runner: JobRunner,
+    base: str,
+    counter: Iterator[int],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """How group commit moves the durable path: mpi_job --fs real at
+    `max_in_flight` BATCHING_DEPTH, batches on and off, in the same run;
+    fsyncs per item counted in process for both."""
+    ranks, items, reps = config.durable_ranks, config.durable_items, config.durable_repetitions
+    workers = ranks - 1
+    rows: dict[str, Any] = {}
+    for label, grouped in (("grouped", True), ("one at a time", False)):
+        progress(f"4. durable path, batching: fsyncs per item counted, {label}")
+
+        def count(tag: str, grouped: bool = grouped) -> dict[str, Any]:
+            return durable_counts(
+                os.path.join(base, f"durable-{next(counter)}"),
+                items,
+                workers,
+                max_in_flight=BATCHING_DEPTH,
+                group_commit=grouped,
+            )
+
+        counted = repeated(reps, count)
+        samples: list[float] = []
+        errors: list[str] = []
+        for rep in range(reps):
+            progress(f"4. durable path, batching: mpi_job --fs real, {label}, {rep + 1}/{reps}")
+            rate, error = runner.dispatchtx(
+                ranks, BATCHING_DEPTH, items, "real", "durable-batch", group_commit=grouped
+            )
+            if rate is not None:
+                samples.append(rate)
+            if error is not None:
+                errors.append(error)
+        rows[label] = {
+            "mpi": _rates(samples, errors),
+            "fsyncs_per_item": counted["fsyncs_per_op"],
+            "in_process": {key: counted[key] for key in ("median", "min", "max", "samples")},
+        }
+    grouped_rate = rows["grouped"]["mpi"]["median"]
+    single_rate = rows["one at a time"]["mpi"]["median"]
+    return {
+        "max_in_flight": BATCHING_DEPTH,
+        "rows": rows,
+        "speedup": None if grouped_rate is None or not single_rate else grouped_rate / single_rate,
+    }
+
+
+def _without_fsync(
+    fn: Callable[[str, int, int], dict[str, Any]], directory: str, items: int, workers: int
+) -> dict[str, Any]:
+    with fsync_disabled():
+        return fn(directory, items, workers)
