@@ -1,10 +1,10 @@
-"""Test helpers shared by the core tests."""
+"""Test helpers shared by the core tests and the resource adapters' tests."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dispatchtx import Compensation, DispatchTables
+from dispatchtx import Compensation, DispatchTables, Transaction
 
 
 @dataclass
@@ -76,3 +76,19 @@ def require_mpi() -> None:
         if os.environ.get("DISPATCHTX_REQUIRE_MPI"):
             raise
         pytest.skip(f"no MPI here: {error}")
+
+
+# -- resource adapters ----------------------------------------------------------
+
+#: The stages the algorithm selector tests (and the world of adapters) use.
+STAGES = ("det", "havoc", "splice")
+
+
+def send(tables: DispatchTables, txn: Transaction, now: float = 1.0) -> None:
+    tables.sent(txn.id, now)
+
+
+def commit(tables: DispatchTables, txn: Transaction) -> None:
+    """Fence, then finish with no failure."""
+    tables.fence_passed(txn.id)
+    assert tables.finished(txn.id) == ()

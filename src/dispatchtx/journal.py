@@ -61,6 +61,7 @@ from dispatchtx.fs import FS, AppendHandle
 
 __all__ = [
     "DEFAULT_COMPACT_EVERY",
+    "CompactionSchedule",
     "DroppedTail",
     "Event",
     "FsyncPolicy",
@@ -359,6 +360,74 @@ def replay(
 # ---------------------------------------------------------------------------
 
 
+@final
+class CompactionSchedule:
+    """When a journal compacts on its own, and what its last automatic
+    compaction did: due once `every` records (None: never on its own) were
+    counted since the last compaction.
+
+    An automatic compaction that fails with `OSError` is reported, not
+    raised (the record that made it due is already applied), and retried
+    after another `every` records: a full disk should not cost a snapshot
+    per append. Every journal that compacts (`Journal`, `AdapterJournal`)
+    keeps one.
+    """
+
+    __slots__ = ("_every", "_last_error", "_since")
+
+    def __init__(self, every: int | None) -> None:
+        if every is not None and every < 1:
+            raise ValueError(f"compact_every must be at least 1 or None, not {every}")
+        self._every = every
+        self._since = 0
+        self._last_error: OSError | None = None
+
+    @property
+    def every(self) -> int | None:
+        return self._every
+
+    @property
+    def since(self) -> int:
+        """Records counted since the last compaction."""
+        return self._since
+
+    @property
+    def due(self) -> bool:
+        return self._every is not None and self._since >= self._every
+
+    @property
+    def last_error(self) -> OSError | None:
+        """Why the last automatic compaction failed, if it did."""
+        return self._last_error
+
+    def start(self, records: int) -> None:
+        """Count `records` already in the file (those replayed on opening)."""
+        self._since = records
+
+    def count(self) -> None:
+        """One more record appended."""
+        self._since += 1
+
+    def compacted(self) -> None:
+        """The file was just rewritten as one snapshot."""
+        self._since = 0
+
+    def run_if_due(self, compact: Callable[[], None]) -> None:
+        """Call `compact` if due; an `OSError` from it is kept in
+        `last_error` and the count starts again."""
+        if not self.due:
+            return
+        try:
+            compact()
+        except OSError as error:
+            # A failure past the rename poisoned the journal, which rewrites
+            # itself before the next append anyway.
+            self._last_error = error
+            self._since = 0
+        else:
+            self._last_error = None
+
+
 class Journal(Generic[S]):
     """An open journal: its replayed state, and appends that keep memory no
     further ahead than the fsync policy allows.
@@ -384,20 +453,17 @@ class Journal(Generic[S]):
         policy: FsyncPolicy = FsyncPolicy.EVERY,
         compact_every: int | None = DEFAULT_COMPACT_EVERY,
     ) -> None:
-        if compact_every is not None and compact_every < 1:
-            raise ValueError(f"compact_every must be at least 1 or None, not {compact_every}")
+        self._compaction = CompactionSchedule(compact_every)
         self._fs = fs
         self._path = path
         self._directory = os.path.dirname(path) or "."
         self._temp_directory = path + _TEMP_DIRECTORY_SUFFIX
         self._model = model
         self._policy = policy
-        self._compact_every = compact_every
         self._handle: AppendHandle | None = None
         self._closed = False
         self._group_depth = 0
         self._unsynced = 0  # records written since the last fsync
-        self._last_compaction_error: OSError | None = None
         # Poisoned: the file may not end where memory says, or its dirty
         # pages may be gone. Set before every risky I/O and cleared after it,
         # so that an error or a kill in between leaves it set.
@@ -415,7 +481,7 @@ class Journal(Generic[S]):
         self._state = replayed.state
         self._last_seq = replayed.report.last_seq
         self._size = replayed.good_size
-        self._since_compaction = replayed.report.records_applied
+        self._compaction.start(replayed.report.records_applied)
         self._replay_report = replayed.report
 
         handle = fs.open_append(path)
@@ -471,7 +537,7 @@ class Journal(Generic[S]):
     def last_compaction_error(self) -> OSError | None:
         """Why the last automatic compaction failed, if it did. It does not
         fail the append that triggered it: that record is already applied."""
-        return self._last_compaction_error
+        return self._compaction.last_error
 
     @property
     def closed(self) -> bool:
@@ -512,7 +578,7 @@ class Journal(Generic[S]):
         self._state = new_state
         self._last_seq = seq
         self._size = good_size + len(line)
-        self._since_compaction += 1
+        self._compaction.count()
         if self._group_depth == 0:
             self._compact_if_due()
         return self._state
@@ -659,20 +725,9 @@ class Journal(Generic[S]):
         self._compact_if_due()
 
     def _compact_if_due(self) -> None:
-        if self._compact_every is None or self._since_compaction < self._compact_every:
-            return
-        try:
-            self._rewrite()
-        except OSError as error:
-            # The record that made it due is already durable and applied:
-            # report, do not fail it. Retry after another `compact_every`
-            # records (a full disk should not cost a snapshot per append); a
-            # failure past the rename poisoned the journal, which rewrites
-            # itself before the next append anyway.
-            self._last_compaction_error = error
-            self._since_compaction = 0
-        else:
-            self._last_compaction_error = None
+        # The record that made it due is already durable and applied: a
+        # failure is reported, not raised (see `CompactionSchedule`).
+        self._compaction.run_if_due(self._rewrite)
 
     def _rewrite(self) -> None:
         """Replace the file by one snapshot of memory (compaction, and the
@@ -709,7 +764,7 @@ class Journal(Generic[S]):
         self._last_seq = seq
         self._size = len(line)
         self._unsynced = 0
-        self._since_compaction = 0
+        self._compaction.compacted()
         self._poisoned = False
 
 

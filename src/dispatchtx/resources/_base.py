@@ -1,5 +1,7 @@
-"""What every resource adapter shares: its errors, the leak record, the
-journal seam, and the checks that turn a JSON snapshot back into state.
+"""What every resource adapter shares: its errors, the leak record, its
+preamble (`AdapterBase`: the name, the one compensation, the PREPARING check
+and the registering of a reservation), the journal seam, and the checks that
+turn a JSON snapshot back into state.
 
 This module sees the core only through `Compensation` and `Transaction`
 (DESIGN.md §8): it never imports the coordinator or the transport.
@@ -10,14 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, final
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, final
 
 from dispatchtx.errors import DispatchError, IllegalMove, Phase
 
 if TYPE_CHECKING:
-    from dispatchtx import Compensation, Transaction
+    from dispatchtx import Compensation, DispatchTables, Transaction
 
 __all__ = [
+    "AdapterBase",
     "JsonDict",
     "JournaledAdapter",
     "Leak",
@@ -28,6 +31,7 @@ __all__ = [
 ]
 
 A = TypeVar("A")
+R = TypeVar("R")
 
 JsonDict = dict[str, Any]
 """A snapshot: str keys, values that `json.dumps` takes as they are."""
@@ -126,6 +130,55 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"an adapter name must be a non-empty str, got {name!r}")
     return name
+
+
+class AdapterBase(Generic[R]):
+    """The preamble every adapter here repeats, written once: a checked
+    name, the one compensation declared from bound methods at construction
+    (see `dispatchtx.resources`), the PREPARING check before a reservation
+    and the registering of the reservation made.
+
+    `R` is the compensation's argument (the reservation). A subclass calls
+    `AdapterBase.__init__` where it checks its name: `tables.compensation`
+    only builds the handle, so the methods it binds may use state set after.
+    """
+
+    __slots__ = ("_compensation", "_name")
+
+    def __init__(
+        self,
+        tables: DispatchTables,
+        name: str,
+        undo: Callable[[R], object] | None,
+        discard: Callable[[R], object] | None,
+        release: Callable[[R], object] | None,
+    ) -> None:
+        self._name = check_name(name)
+        self._compensation: Compensation[R] = tables.compensation(
+            self._name, undo, discard, release
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def compensation(self) -> Compensation[R]:
+        return self._compensation
+
+    def _require_preparing(self, txn: Transaction, method: str = "reserve") -> None:
+        """`require_preparing` for this adapter's `method`."""
+        require_preparing(txn, f"{self._name}.{method}")
+
+    def _register(self, txn: Transaction, reservation: R, undo: Callable[[R], object]) -> R:
+        """`register` the reservation just made with this adapter's
+        compensation; return it."""
+        register(txn, self._compensation, reservation, undo)
+        return reservation
+
+    def _leak(self, kind: str, key: str, dispatch_id: int | None) -> Leak:
+        """A `Leak` reported under this adapter's name."""
+        return Leak(self._name, kind, key, dispatch_id)
 
 
 # -- reading a snapshot back ----------------------------------------------

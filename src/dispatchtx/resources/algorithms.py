@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
     NotReserved,
     SnapshotError,
     as_object,
-    check_name,
     check_reward,
     expect_kind,
     get_float,
@@ -57,8 +57,6 @@ from dispatchtx.resources._base import (
     get_list,
     get_optional_float,
     get_str,
-    register,
-    require_preparing,
     rng_state_from_json,
     rng_state_to_json,
 )
@@ -66,7 +64,7 @@ from dispatchtx.resources._base import (
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["AlgorithmSelection", "AlgorithmSelector"]
 
@@ -138,14 +136,12 @@ class _Rewind:
     base: tuple[tuple[Any, ...], int] | None = None
 
 
-class AlgorithmSelector(JournaledAdapter):
+class AlgorithmSelector(AdapterBase[str], JournaledAdapter):
     """Stage selection with a cursor, prior counts, a seeded RNG, a global
     sequence number and pending feedback tokens."""
 
     __slots__ = (
-        "_compensation",
         "_cursor",
-        "_name",
         "_pending",
         "_base_draws",
         "_base_state",
@@ -172,7 +168,7 @@ class AlgorithmSelector(JournaledAdapter):
         rewind_depth: int = 32,
         name: str = "algorithms",
     ) -> None:
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.settle)
         names = list(stages)
         if not names or any(not isinstance(s, str) or not s for s in names):
             raise ValueError("stages must be a non-empty sequence of non-empty str")
@@ -192,25 +188,14 @@ class AlgorithmSelector(JournaledAdapter):
         # Pre-selection states, oldest first; only the newest can be rewound
         # exactly, and only while the sequence number is still its own.
         self._window: deque[_Rewind] = deque(maxlen=rewind_depth)
-        self._compensation: Compensation[str] = tables.compensation(
-            self._name, self.undo, self.discard, self.settle
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[str]:
-        return self._compensation
 
     # -- per dispatch -------------------------------------------------------
 
     def reserve(self, txn: Transaction) -> AlgorithmSelection:
         """Select a stage for `txn` and open its pending feedback token."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         selection = self._ev_select(txn.id)
-        register(txn, self._compensation, selection.token, self.undo)
+        self._register(txn, selection.token, self.undo)
         return selection
 
     def _choose(self) -> int:
@@ -306,7 +291,7 @@ class AlgorithmSelector(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every pending feedback token."""
         return [
-            Leak(self._name, "pending token", token, pending.dispatch_id)
+            self._leak("pending token", token, pending.dispatch_id)
             for token, pending in self._pending.items()
         ]
 

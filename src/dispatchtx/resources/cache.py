@@ -22,23 +22,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
     SnapshotError,
     as_object,
-    check_name,
     expect_kind,
     get_int,
     get_list,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["ObjectCache", "RecarriedObjects"]
 
@@ -54,29 +52,18 @@ class RecarriedObjects(NamedTuple):
     object_ids: tuple[str, ...]
 
 
-class ObjectCache(JournaledAdapter):
+class ObjectCache(AdapterBase[RecarriedObjects], JournaledAdapter):
     """What each message must carry, from the core's per-worker cache."""
 
-    __slots__ = ("_compensation", "_misses", "_name", "_recarry", "_tables")
+    __slots__ = ("_misses", "_recarry", "_tables")
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("miss", "delivered", "forget_worker")
 
     def __init__(self, tables: DispatchTables, *, name: str = "objects") -> None:
-        self._name = check_name(name)
+        super().__init__(tables, name, None, None, self.delivered)
         self._tables = tables
         self._recarry: dict[int, dict[str, None]] = {}  # worker -> ids it reported missing
         self._misses = 0
-        self._compensation: Compensation[RecarriedObjects] = tables.compensation(
-            self._name, None, None, self.delivered
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[RecarriedObjects]:
-        return self._compensation
 
     # -- per dispatch -------------------------------------------------------
 
@@ -84,7 +71,7 @@ class ObjectCache(JournaledAdapter):
         """The ids among `object_ids` whose content this message must carry,
         in the order given; the core caches them for the worker once the
         message is sent. Reserves nothing."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         wanted = list(object_ids)
         carry = self._tables.missing(txn.worker, wanted)
         reported = self._recarry.get(txn.worker)
@@ -99,9 +86,8 @@ class ObjectCache(JournaledAdapter):
             carry.extend(recarried)
         txn.ship(carry)
         if recarried:
-            register(
+            self._register(
                 txn,
-                self._compensation,
                 RecarriedObjects(txn.worker, recarried),
                 self._nothing_to_undo,
             )

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -38,20 +39,17 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     expect_kind,
     get_dict,
     get_int,
     get_list,
     get_str,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = [
     "NEVER_SENT",
@@ -82,18 +80,16 @@ class DispatchEntry(NamedTuple):
     token: int
 
 
-class DispatchLog(JournaledAdapter):
+class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
     """Open dispatches with their work item and token, counts of how
     dispatches ended, and the (work item, commit slot) pairs whose local
     triage effects were applied."""
 
     __slots__ = (
         "_applied",
-        "_compensation",
         "_completed",
         "_dispatched",
         "_live",
-        "_name",
         "_open",
         "_reclaimed",
     )
@@ -110,7 +106,7 @@ class DispatchLog(JournaledAdapter):
     JOURNAL_RELEASE_EVENTS: ClassVar[tuple[str, ...]] = ("reclaim", "done")
 
     def __init__(self, tables: DispatchTables, *, name: str = "dispatch-log") -> None:
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.complete)
         self._open: dict[int, DispatchEntry] = {}  # by dispatch id, oldest first
         self._dispatched = 0
         self._completed = 0
@@ -120,24 +116,13 @@ class DispatchLog(JournaledAdapter):
         # a compensation, so `close_stale` refuses them. Not journaled: after
         # a restart every open entry is stale.
         self._live: set[int] = set()
-        self._compensation: Compensation[DispatchEntry] = tables.compensation(
-            self._name, self.undo, self.discard, self.complete
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[DispatchEntry]:
-        return self._compensation
 
     # -- per dispatch -------------------------------------------------------
 
     def reserve(self, txn: Transaction, work_id: str, token: int) -> DispatchEntry:
         """Record that `txn` carries exact-work item `work_id` under the
         store's fencing `token`; the entry stays open until the dispatch ends."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         if not isinstance(work_id, str) or not work_id:
             raise ValueError(f"a work id must be a non-empty str, got {work_id!r}")
         if type(token) is not int or token < 1:
@@ -147,7 +132,7 @@ class DispatchLog(JournaledAdapter):
         entry = DispatchEntry(txn.id, txn.worker, work_id, token)
         self._ev_dispatch(txn.id, txn.worker, work_id, token)
         self._live.add(txn.id)
-        register(txn, self._compensation, entry, self.undo)
+        self._register(txn, entry, self.undo)
         return entry
 
     def undo(self, entry: DispatchEntry) -> None:
@@ -261,7 +246,7 @@ class DispatchLog(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every open entry."""
         return [
-            Leak(self._name, "open dispatch", f"{entry.work_id}@{entry.token}", entry.dispatch_id)
+            self._leak("open dispatch", f"{entry.work_id}@{entry.token}", entry.dispatch_id)
             for entry in self._open.values()
         ]
 

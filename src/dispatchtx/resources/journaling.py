@@ -93,6 +93,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from dispatchtx.journal import (
     DEFAULT_COMPACT_EVERY,
+    CompactionSchedule,
     Event,
     FsyncPolicy,
     Journal,
@@ -307,13 +308,10 @@ class AdapterJournal:
         policy: FsyncPolicy = FsyncPolicy.EVERY,
         compact_every: int | None = DEFAULT_COMPACT_EVERY,
     ) -> None:
-        if compact_every is not None and compact_every < 1:
-            raise ValueError(f"compact_every must be at least 1 or None, not {compact_every}")
+        self._compaction = CompactionSchedule(compact_every)
         by_name = _by_name(adapters)
         self._adapters = by_name
         self._model = _AdapterModel(by_name)
-        self._compact_every = compact_every
-        self._last_compaction_error: OSError | None = None
         # The file and memory differ: a release applied without its record,
         # or a record whose method then raised. The next write rewrites the
         # file from memory first.
@@ -341,7 +339,7 @@ class AdapterJournal:
                     journal.close()
                 raise
         self._journal = journal
-        self._since_compaction = journal.replay_report.records_applied
+        self._compaction.start(journal.replay_report.records_applied)
         for name, adapter in by_name.items():
             self._hook(name, adapter)
 
@@ -395,7 +393,7 @@ class AdapterJournal:
     def last_compaction_error(self) -> OSError | None:
         """Why the last automatic compaction failed, if it did; it does not
         fail the event that made it due, which is applied and durable."""
-        return self._last_compaction_error
+        return self._compaction.last_error
 
     @property
     def closed(self) -> bool:
@@ -523,7 +521,7 @@ class AdapterJournal:
                 # replace the file by memory before anything else is written.
                 self._out_of_step = True
                 raise
-            self._since_compaction += 1
+            self._compaction.count()
         finally:
             self._applying = False
         if not self._journal.in_group:
@@ -534,21 +532,12 @@ class AdapterJournal:
         """Rewrite the file from memory (the adapters)."""
         self._journal.compact()
         self._out_of_step = False
-        self._since_compaction = 0
+        self._compaction.compacted()
 
     def _compact_if_due(self) -> None:
-        if self._compact_every is None or self._since_compaction < self._compact_every:
-            return
-        try:
-            self._catch_up()
-        except OSError as error:
-            # The event that made it due is applied and as durable as the
-            # policy says: report, do not fail it. Retry after another
-            # `compact_every` records.
-            self._last_compaction_error = error
-            self._since_compaction = 0
-        else:
-            self._last_compaction_error = None
+        # The event that made it due is applied and as durable as the policy
+        # says: a failure is reported, not raised (see `CompactionSchedule`).
+        self._compaction.run_if_due(self._catch_up)
 
 
 @final

@@ -16,18 +16,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     Leak,
     NotReserved,
     ResourceError,
     Unavailable,
-    check_name,
-    register,
     require_preparing,
 )
 from dispatchtx.store import AbandonOutcome, ClaimOutcome, WorkStore
 
 if TYPE_CHECKING:
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["LeaseLost", "WorkLease", "WorkLeases"]
 
@@ -48,28 +47,17 @@ class WorkLease(NamedTuple):
     dispatch_id: int
 
 
-class WorkLeases:
+class WorkLeases(AdapterBase[WorkLease]):
     """Claims exact work for dispatches, and abandons what was never used."""
 
-    __slots__ = ("_compensation", "_held", "_name", "_store", "abandoned", "taken_over")
+    __slots__ = ("_held", "_store", "abandoned", "taken_over")
 
     def __init__(self, tables: DispatchTables, store: WorkStore, *, name: str = "work-lease"):
-        self._name = check_name(name)
+        super().__init__(tables, name, self._abandon_unsent, self._abandon, self._forget)
         self._store = store
         self._held: dict[str, WorkLease] = {}
         self.abandoned = 0
         self.taken_over = 0
-        self._compensation: Compensation[WorkLease] = tables.compensation(
-            self._name, self._abandon_unsent, self._abandon, self._forget
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[WorkLease]:
-        return self._compensation
 
     def reserve(self, txn: Transaction, work_id: str, now: float | None = None) -> WorkLease:
         """Claim `work_id` for this dispatch; `Unavailable` if it cannot be
@@ -85,7 +73,7 @@ class WorkLeases:
             raise Unavailable(f"work item {work_id!r} cannot be claimed: {result.outcome.value}")
         lease = WorkLease(work_id, result.token, txn.id)
         self._held[work_id] = lease
-        register(txn, self._compensation, lease, self._abandon)
+        self._register(txn, lease, self._abandon)
         return lease
 
     def held(self, work_id: str) -> WorkLease | None:
@@ -124,6 +112,6 @@ class WorkLeases:
 
     def leaks(self) -> list[Leak]:
         return [
-            Leak(self._name, "lease", f"{lease.work_id}@{lease.token}", lease.dispatch_id)
+            self._leak("lease", f"{lease.work_id}@{lease.token}", lease.dispatch_id)
             for lease in self._held.values()
         ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -24,20 +25,17 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     expect_kind,
     get_dict,
     get_int,
     get_list,
     get_str,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["Pairing", "SeedPairing"]
 
@@ -60,34 +58,23 @@ class _Seed:
     active: tuple[int, int] | None = None  # (worker, dispatch id)
 
 
-class SeedPairing(JournaledAdapter):
+class SeedPairing(AdapterBase[Pairing], JournaledAdapter):
     """Active seed-to-worker pairings with true assignment counts."""
 
-    __slots__ = ("_compensation", "_name", "_seeds")
+    __slots__ = "_seeds"
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("pair", "take_back", "unpair")
 
     def __init__(self, tables: DispatchTables, *, name: str = "pairing") -> None:
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.release)
         self._seeds: dict[str, _Seed] = {}
-        self._compensation: Compensation[Pairing] = tables.compensation(
-            self._name, self.undo, self.discard, self.release
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[Pairing]:
-        return self._compensation
 
     # -- per dispatch -------------------------------------------------------
 
     def reserve(self, txn: Transaction, seed: str) -> Pairing:
         """Pair `seed` with `txn`'s worker; `Unavailable` if the seed is
         paired already."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         if not isinstance(seed, str) or not seed:
             raise ValueError(f"a seed id must be a non-empty str, got {seed!r}")
         record = self._seeds.get(seed)
@@ -99,7 +86,7 @@ class SeedPairing(JournaledAdapter):
             )
         pairing = Pairing(seed, txn.worker, txn.id)
         self._ev_pair(seed, txn.worker, txn.id)
-        register(txn, self._compensation, pairing, self.undo)
+        self._register(txn, pairing, self.undo)
         return pairing
 
     def least_assigned(self, seeds: Iterable[str], worker: int | None = None) -> str | None:
@@ -160,7 +147,7 @@ class SeedPairing(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every active pairing."""
         return [
-            Leak(self._name, "pairing", f"{seed}->worker {record.active[0]}", record.active[1])
+            self._leak("pairing", f"{seed}->worker {record.active[0]}", record.active[1])
             for seed, record in self._seeds.items()
             if record.active is not None
         ]

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -38,7 +39,6 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     check_reward,
     expect_kind,
     get_dict,
@@ -47,8 +47,6 @@ from dispatchtx.resources._base import (
     get_list,
     get_optional_float,
     get_str,
-    register,
-    require_preparing,
     rng_state_from_json,
     rng_state_to_json,
 )
@@ -56,7 +54,7 @@ from dispatchtx.resources._base import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["BanditPolicy", "ParameterAssignment", "ParameterBandit"]
 
@@ -91,11 +89,11 @@ class _Pending:
     reward: float | None = None  # set once triage has observed it
 
 
-class ParameterBandit(JournaledAdapter):
+class ParameterBandit(AdapterBase[str], JournaledAdapter):
     """A seeded bandit over named parameter configurations, with one pending
     token per assignment."""
 
-    __slots__ = ("_arms", "_compensation", "_name", "_pending", "_policy", "_rng", "_seq", "_total")
+    __slots__ = ("_arms", "_pending", "_policy", "_rng", "_seq", "_total")
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = (
         "add_arm",
@@ -117,26 +115,15 @@ class ParameterBandit(JournaledAdapter):
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"policy must be one of {_POLICIES}, got {policy!r}")
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.settle)
         self._policy: BanditPolicy = policy
         self._rng = random.Random(seed)
         self._arms: dict[str, _Arm] = {}
         self._pending: dict[str, _Pending] = {}
         self._seq = 0  # tokens are never reused, not even after an undo
         self._total = 0  # sum of pulls over the arms
-        self._compensation: Compensation[str] = tables.compensation(
-            self._name, self.undo, self.discard, self.settle
-        )
         for arm, config in (configs or {}).items():
             self.add_arm(arm, config)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[str]:
-        return self._compensation
 
     @property
     def policy(self) -> BanditPolicy:
@@ -158,11 +145,11 @@ class ParameterBandit(JournaledAdapter):
 
     def reserve(self, txn: Transaction) -> ParameterAssignment:
         """Choose a configuration for `txn` and open its pending token."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         if not self._arms:
             raise Unavailable(f"{self._name}: no configuration to choose from")
         assignment = self._ev_assign(txn.id)
-        register(txn, self._compensation, assignment.token, self.undo)
+        self._register(txn, assignment.token, self.undo)
         return assignment
 
     def _choose(self) -> str:
@@ -245,7 +232,7 @@ class ParameterBandit(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every pending token."""
         return [
-            Leak(self._name, "pending token", token, pending.dispatch_id)
+            self._leak("pending token", token, pending.dispatch_id)
             for token, pending in self._pending.items()
         ]
 

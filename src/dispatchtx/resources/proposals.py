@@ -25,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -33,21 +34,18 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     expect_kind,
     get_int,
     get_list,
     get_optional_int,
     get_optional_str,
     get_str,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = [
     "RESULT_LOST",
@@ -92,10 +90,10 @@ class _Proposal:
     dispatch_id: int | None = None  # the dispatch holding it, until it ends
 
 
-class ProposalBoard(JournaledAdapter):
+class ProposalBoard(AdapterBase[ProposalTicket], JournaledAdapter):
     """Proposals to verify, with attempts that count real dispatches only."""
 
-    __slots__ = ("_compensation", "_max_attempts", "_name", "_proposals", "_queue")
+    __slots__ = ("_max_attempts", "_proposals", "_queue")
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = (
         "propose",
@@ -111,21 +109,10 @@ class ProposalBoard(JournaledAdapter):
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.settle)
         self._max_attempts = max_attempts
         self._proposals: dict[str, _Proposal] = {}
         self._queue: OrderedDict[str, None] = OrderedDict()  # PENDING ids, oldest first
-        self._compensation: Compensation[ProposalTicket] = tables.compensation(
-            self._name, self.undo, self.discard, self.settle
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[ProposalTicket]:
-        return self._compensation
 
     @property
     def max_attempts(self) -> int:
@@ -147,7 +134,7 @@ class ProposalBoard(JournaledAdapter):
     def reserve(self, txn: Transaction, proposal_id: str | None = None) -> ProposalTicket:
         """Dispatch `proposal_id` (by default the oldest pending one) with
         `txn`, counting one attempt; `Unavailable` if it is not pending."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         if proposal_id is None:
             if not self._queue:
                 raise Unavailable(f"{self._name}: no pending proposal")
@@ -158,7 +145,7 @@ class ProposalBoard(JournaledAdapter):
             raise Unavailable(f"{self._name}: proposal {proposal_id!r} is {state}, not pending")
         self._ev_dispatch(proposal_id, txn.id)
         ticket = ProposalTicket(proposal_id, record.attempts, txn.id)
-        register(txn, self._compensation, ticket, self.undo)
+        self._register(txn, ticket, self.undo)
         return ticket
 
     def undo(self, ticket: ProposalTicket) -> None:
@@ -248,7 +235,7 @@ class ProposalBoard(JournaledAdapter):
         """Every proposal still held by a dispatch (dispatched, or decided
         but not yet released)."""
         return [
-            Leak(self._name, f"{record.state.value} proposal", proposal_id, record.dispatch_id)
+            self._leak(f"{record.state.value} proposal", proposal_id, record.dispatch_id)
             for proposal_id, record in self._proposals.items()
             if record.dispatch_id is not None
         ]

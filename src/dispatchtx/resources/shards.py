@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -24,20 +25,17 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     expect_kind,
     get_int,
     get_list,
     get_optional_int,
     get_str,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["ShardLease", "ShardLeases"]
 
@@ -60,10 +58,10 @@ class _Task:
     holder: int | None = None  # the dispatch id of the active lease
 
 
-class ShardLeases(JournaledAdapter):
+class ShardLeases(AdapterBase[ShardLease], JournaledAdapter):
     """Task leases per state shard, with lease and failure counts."""
 
-    __slots__ = ("_compensation", "_name", "_shards")
+    __slots__ = "_shards"
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = (
         "add_task",
@@ -74,19 +72,8 @@ class ShardLeases(JournaledAdapter):
     )
 
     def __init__(self, tables: DispatchTables, *, name: str = "shards") -> None:
-        self._name = check_name(name)
+        super().__init__(tables, name, self.undo, self.discard, self.release)
         self._shards: dict[str, dict[str, _Task]] = {}
-        self._compensation: Compensation[ShardLease] = tables.compensation(
-            self._name, self.undo, self.discard, self.release
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[ShardLease]:
-        return self._compensation
 
     # -- configuration ------------------------------------------------------
 
@@ -105,7 +92,7 @@ class ShardLeases(JournaledAdapter):
         """Lease `task` of `shard` to `txn`; without a task, the free one with
         the fewest failures, then the fewest leases (first registered wins a
         tie). `Unavailable` if it is leased or the shard has no free task."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         tasks = self._shards.get(shard)
         if tasks is None:
             raise Unavailable(f"{self._name}: no shard {shard!r}")
@@ -124,7 +111,7 @@ class ShardLeases(JournaledAdapter):
                 )
         lease = ShardLease(shard, task, txn.id)
         self._ev_lease(shard, task, txn.id)
-        register(txn, self._compensation, lease, self.undo)
+        self._register(txn, lease, self.undo)
         return lease
 
     @staticmethod
@@ -178,7 +165,7 @@ class ShardLeases(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every lease still active."""
         return [
-            Leak(self._name, "lease", f"{shard}/{task}", record.holder)
+            self._leak("lease", f"{shard}/{task}", record.holder)
             for shard, tasks in self._shards.items()
             for task, record in tasks.items()
             if record.holder is not None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dispatchtx.resources._base import (
+    AdapterBase,
     JournaledAdapter,
     JsonDict,
     Leak,
@@ -21,19 +22,16 @@ from dispatchtx.resources._base import (
     SnapshotError,
     Unavailable,
     as_object,
-    check_name,
     expect_kind,
     get_int,
     get_list,
     get_str,
-    register,
-    require_preparing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dispatchtx import Compensation, DispatchTables, Transaction
+    from dispatchtx import DispatchTables, Transaction
 
 __all__ = ["TargetRegistry", "TargetReservation"]
 
@@ -57,30 +55,19 @@ class _Target:
     holders: dict[int, None] = field(default_factory=dict)
 
 
-class TargetRegistry(JournaledAdapter):
+class TargetRegistry(AdapterBase[TargetReservation], JournaledAdapter):
     """Targets with a capacity each, grouped; one `Compensation` releases
     a hold whatever way the dispatch ends."""
 
-    __slots__ = ("_compensation", "_groups", "_name", "_targets")
+    __slots__ = ("_groups", "_targets")
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("add_target", "hold", "release")
 
     def __init__(self, tables: DispatchTables, *, name: str = "targets") -> None:
-        self._name = check_name(name)
+        # Undo, discard and the release on commit are the same act here.
+        super().__init__(tables, name, self.release, self.release, self.release)
         self._targets: dict[str, _Target] = {}
         self._groups: dict[str, list[str]] = {}
-        # Undo, discard and the release on commit are the same act here.
-        self._compensation: Compensation[TargetReservation] = tables.compensation(
-            self._name, self.release, self.release, self.release
-        )
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compensation(self) -> Compensation[TargetReservation]:
-        return self._compensation
 
     # -- configuration ------------------------------------------------------
 
@@ -100,7 +87,7 @@ class TargetRegistry(JournaledAdapter):
     def reserve(self, txn: Transaction, group: str) -> TargetReservation:
         """Hold the least-loaded target of `group` that has room (the first
         registered wins a tie) for `txn`; `Unavailable` if none has."""
-        require_preparing(txn, f"{self._name}.reserve")
+        self._require_preparing(txn)
         members = self._groups.get(group)
         if members is None:
             raise Unavailable(f"{self._name}: no target group {group!r}")
@@ -117,7 +104,7 @@ class TargetRegistry(JournaledAdapter):
 
     def reserve_target(self, txn: Transaction, target: str) -> TargetReservation:
         """Hold the named target for `txn`; `Unavailable` if it is full."""
-        require_preparing(txn, f"{self._name}.reserve_target")
+        self._require_preparing(txn, "reserve_target")
         record = self._targets.get(target)
         if record is None:
             raise Unavailable(f"{self._name}: no target {target!r}")
@@ -130,7 +117,7 @@ class TargetRegistry(JournaledAdapter):
             raise Unavailable(f"{self._name}: dispatch {txn.id} already holds {target!r}")
         reservation = TargetReservation(target, txn.id)
         self._ev_hold(target, txn.id)
-        register(txn, self._compensation, reservation, self.release)
+        self._register(txn, reservation, self.release)
         return reservation
 
     def release(self, reservation: TargetReservation) -> None:
@@ -164,7 +151,7 @@ class TargetRegistry(JournaledAdapter):
     def leaks(self) -> list[Leak]:
         """Every hold still in place (empty once every dispatch has ended)."""
         return [
-            Leak(self._name, "target", target, dispatch_id)
+            self._leak("target", target, dispatch_id)
             for target, record in self._targets.items()
             for dispatch_id in record.holders
         ]
