@@ -109,7 +109,9 @@ def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     file.write_text(block.code)
     for command in block.commands:
         done = _run(_argv(command, file, tmp_path), tmp_path)
-        assert done.returncode == 0, f"{block.name}: {command!r} exited {done.returncode}:\n{done.stdout}"
+        assert done.returncode == 0, (
+            f"{block.name}: {command!r} exited {done.returncode}:\n{done.stdout}"
+        )
 
 
 def _shell_modules() -> set[str]:
@@ -130,7 +132,9 @@ def test_documented_command_exists(program: str, tmp_path: Path) -> None:
     if module.startswith("dispatchtx.jobs.mpi_job") or module.endswith("transport_selftest"):
         pytest.importorskip("mpi4py")
     done = _run([sys.executable, "-m", module, *subcommand, "--help"], tmp_path)
-    assert done.returncode == 0, f"python -m {program} --help exited {done.returncode}:\n{done.stdout}"
+    assert done.returncode == 0, (
+        f"python -m {program} --help exited {done.returncode}:\n{done.stdout}"
+    )
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda document: document.name)
