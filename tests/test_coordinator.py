@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig, DispatchTag, Stat
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import (
     Fault,
     FaultKind,
@@ -49,10 +50,10 @@ class World:
         *,
         max_in_flight: int = 1,
         deadline: float = 2.0,
-        group_commit: bool = False,
+        commit_batch: int = 1,
     ) -> Coordinator:
         config = CoordinatorConfig(
-            "coord-a", max_in_flight=max_in_flight, deadline=deadline, group_commit=group_commit
+            "coord-a", max_in_flight=max_in_flight, deadline=deadline, commit_batch=commit_batch
         )
         return Coordinator(config, self.transport, self.store(), self.workload, faults=plan)
 
@@ -74,7 +75,7 @@ def assert_clean_end(world: World, coordinator: Coordinator) -> None:
     assert coordinator.leaks() == []
     statuses = {state.status for state in coordinator.store.items()}
     assert statuses <= {ItemStatus.DONE, ItemStatus.QUARANTINED}
-    done = [item for item in workload.items if workload.status(item) == "done"]
+    done = [item for item in workload.items if workload.status(item) is QueueState.DONE]
     assert len(done) + len(workload.dropped) == len(workload.items)
     for item in done:
         assert workload.digests[item] == workload.expected(item)
@@ -99,14 +100,14 @@ def test_pipelining_keeps_several_dispatches_in_flight_per_worker() -> None:
     assert_clean_end(world, coordinator)
 
 
-@pytest.mark.parametrize("group_commit", [True, False])
-def test_results_taken_together_pass_the_fence_as_one_group(group_commit: bool) -> None:
+@pytest.mark.parametrize("commit_batch", [1024, 3, 1])
+def test_results_taken_together_pass_the_fence_as_one_group(commit_batch: int) -> None:
     world = make_world(workers=8, items=64)
-    coordinator = world.coordinator(max_in_flight=2, group_commit=group_commit)
+    coordinator = world.coordinator(max_in_flight=2, commit_batch=commit_batch)
     coordinator.run(max_steps=10_000)
     assert_clean_end(world, coordinator)
     assert coordinator.stats["committed"] == 64
-    if group_commit:
+    if commit_batch > 1:
         assert coordinator.stats["group commits"] >= 1
         assert coordinator.stats["results in group commits"] > coordinator.stats["group commits"]
     else:
@@ -115,11 +116,11 @@ def test_results_taken_together_pass_the_fence_as_one_group(group_commit: bool) 
 
 @pytest.mark.parametrize(
     ("group", "retried"),
-    [("_dispatch_group", "group claims failed"), ("_receive_group", "group commits retried")],
+    [("_dispatch_batch", "group claims failed"), ("_fence_batch", "group commits retried")],
 )
 def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: str) -> None:
     world = make_world(workers=8, items=48)
-    coordinator = world.coordinator(max_in_flight=2, group_commit=True)
+    coordinator = world.coordinator(max_in_flight=2, commit_batch=1024)
     failing = {"left": 0, "armed": 1}
 
     def hook(op: Op, path: str) -> Fault | None:
@@ -176,7 +177,7 @@ def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds()
 
 def test_an_error_in_one_fence_of_a_group_leaves_the_others_carried_on() -> None:
     world = make_world(workers=4, items=4)
-    coordinator = world.coordinator(group_commit=True)
+    coordinator = world.coordinator(commit_batch=1024)
     real_fence = coordinator._fence
     calls = {"n": 0, "failed": 0}
 
@@ -221,7 +222,7 @@ def test_a_corrupt_item_does_not_hold_up_the_first_look() -> None:
 def test_a_duplicate_inside_a_group_is_dropped() -> None:
     world = make_world(workers=8, items=48, seed=5)
     plan = FaultPlan({FaultPoint.DUPLICATE_RESULT: 0.3}, seed=5)
-    coordinator = world.coordinator(plan, max_in_flight=2, group_commit=True)
+    coordinator = world.coordinator(plan, max_in_flight=2, commit_batch=1024)
     coordinator.run(max_steps=10_000)
     assert plan.fired[FaultPoint.DUPLICATE_RESULT] >= 1
     assert coordinator.stats["group commits"] >= 1
@@ -322,7 +323,7 @@ def test_a_coordinator_killed_at_a_commit_stage_is_rolled_forward_by_its_restart
     # (process kill: the page cache survives) and the workers remain.
     world.fs.crash("process")
     for item in world.workload.items:
-        if world.workload.status(item) == "taken":
+        if world.workload.status(item) is QueueState.TAKEN:
             world.workload.give_back(item)
     restarted = world.coordinator()
     assert restarted.incarnation == first.incarnation + 1
@@ -357,7 +358,7 @@ def test_with_a_journal_the_restarted_coordinator_closes_what_its_predecessor_le
     disk.crash("power")
     world.fs.crash("power")
     for item in world.workload.items:
-        if world.workload.status(item) == "taken":
+        if world.workload.status(item) is QueueState.TAKEN:
             world.workload.give_back(item)
     restarted = Coordinator(config, world.transport, world.store(), world.workload, journal_fs=disk)
     assert restarted.dispatch_log is not None
@@ -402,3 +403,54 @@ def test_a_long_triage_cannot_starve_the_heartbeats(tmp_path: Path, background: 
         assert coordinator.stats["background heartbeats"] >= 4
     else:
         assert workload.peer_saw == [["item-0"]]  # starved: the peer would take it over
+
+
+def test_commit_batch_must_be_a_positive_int() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="commit_batch"):
+            CoordinatorConfig("coord-a", commit_batch=bad)  # type: ignore[arg-type]
+
+
+def test_dispatches_are_tagged_with_their_item_and_token() -> None:
+    world = make_world(workers=2, items=4)
+    coordinator = world.coordinator()
+    coordinator.step()
+    tags = [txn.tag for txn in coordinator.tables.in_flight()]
+    assert tags and all(isinstance(tag, DispatchTag) for tag in tags)
+    for tag in tags:
+        assert isinstance(tag, DispatchTag)
+        assert coordinator.store.read(tag.work_id).token == tag.token >= 1
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+
+
+def test_a_refused_claim_is_counted_by_the_stores_answer_without_reading_it_again() -> None:
+    world = make_world(workers=1, items=2)
+    other = Coordinator(
+        CoordinatorConfig("coord-b"), world.transport, world.store(), HashWorkload(2)
+    )
+    other.run(max_steps=10_000)  # every item done by a peer
+    coordinator = world.coordinator()
+    reads = {"n": 0}
+    real_read = coordinator.store.read
+
+    def read(work_id: str) -> Any:
+        reads["n"] += 1
+        return real_read(work_id)
+
+    coordinator.store.read = read  # type: ignore[method-assign]
+    coordinator.run(max_steps=10_000)
+    assert coordinator.stats[Stat.REFUSED_DONE] == 2
+    assert coordinator.stats["claim refused: done"] == 2  # the same counter, by its name
+    assert coordinator.stats[Stat.COMMITTED] == 0
+    assert reads["n"] == 0
+    assert world.workload.remaining() == 0
+
+
+def test_stats_are_keyed_by_stat() -> None:
+    world = make_world(workers=2, items=4)
+    coordinator = world.coordinator()
+    coordinator.run(max_steps=10_000)
+    assert set(coordinator.stats.counts) <= set(Stat)
+    with pytest.raises(ValueError):
+        coordinator.stats["no such counter"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
 from dispatchtx.fs import FaultPlan as DiskFaults
 from dispatchtx.jobs.workloads import (
@@ -215,7 +216,7 @@ def assert_clean_end(world: World, coordinator: Coordinator) -> CampaignCheck:
     assert coordinator.stats["compensation failures"] == 0
     states = coordinator.store.items()
     assert {state.status for state in states} == {ItemStatus.DONE}
-    assert all(workload.status(item) == "done" for item in workload.items)
+    assert all(workload.status(item) is QueueState.DONE for item in workload.items)
     assert len(workload.items) <= workload.config.budget
     # Proposal attempts conserved: what the board counted is what went out.
     counted, sent = workload.proposal_attempts()

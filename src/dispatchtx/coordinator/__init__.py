@@ -1,17 +1,26 @@
 """The coordinator: the master loop over a transport and the shared store
-(`loop`), and the points where faults can be injected into it (`faults`)."""
+(`loop`), what it counts (`stats`), a workload's queue of items (`queue`),
+the post-run audit (`audit`), and the points where faults can be injected
+into it (`faults`)."""
 
 from __future__ import annotations
 
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint, InjectedFault
-from dispatchtx.coordinator.loop import Coordinator, CoordinatorConfig, Workload
+from dispatchtx.coordinator.loop import Coordinator, CoordinatorConfig, DispatchTag, Workload
+from dispatchtx.coordinator.queue import QueueState, WorkQueue
+from dispatchtx.coordinator.stats import CoordinatorStats, Stat
 
 __all__ = [
     "Coordinator",
     "CoordinatorConfig",
     "CoordinatorKilled",
+    "CoordinatorStats",
+    "DispatchTag",
     "FaultPlan",
     "FaultPoint",
     "InjectedFault",
+    "QueueState",
+    "Stat",
+    "WorkQueue",
     "Workload",
 ]

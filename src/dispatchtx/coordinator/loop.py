@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from dispatchtx import (
     CompensationError,
@@ -35,14 +35,17 @@ from dispatchtx import (
     WrongWorker,
 )
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint, InjectedFault
+from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.fs import FS
 from dispatchtx.journal import FsyncPolicy
 from dispatchtx.objects import StoreError, StoreIOError
-from dispatchtx.resources import Leak, Unavailable
+from dispatchtx.resources import Leak
 from dispatchtx.resources.dispatch_log import DispatchLog
 from dispatchtx.resources.journaling import AdapterJournal
-from dispatchtx.resources.lease import WorkLease, WorkLeases
+from dispatchtx.resources.lease import ClaimRefused, WorkLease, WorkLeases
 from dispatchtx.store import (
+    ClaimOutcome,
+    ClaimResult,
     CommitOutcome,
     CompleteOutcome,
     ItemStatus,
@@ -51,7 +54,7 @@ from dispatchtx.store import (
 )
 from dispatchtx.transport import Result, Transport, Work
 
-__all__ = ["Coordinator", "CoordinatorConfig", "Workload"]
+__all__ = ["Coordinator", "CoordinatorConfig", "DispatchTag", "Workload"]
 
 log = logging.getLogger("dispatchtx.coordinator")
 
@@ -59,10 +62,36 @@ log = logging.getLogger("dispatchtx.coordinator")
 # coordinator never reuses one.
 ID_SHIFT = 40
 RECENTLY_COMMITTED = 4096
+UNCLAIMED = 0  # a DispatchTag's token before the claim (fencing tokens start at 1)
+
+
+class DispatchTag(NamedTuple):
+    """What each of the coordinator's dispatches is tagged with (`txn.tag`):
+    the work item and the fencing token of its claim (`UNCLAIMED` until the
+    claim is made). A result must carry both back; triage is keyed by them."""
+
+    work_id: str
+    token: int
 
 
 class Workload(Protocol):
-    """What a coordinator dispatches and how results are triaged."""
+    """What a coordinator dispatches and how results are triaged.
+
+    The queue (`take`, `give_back`, `done`, `drop`, `remaining`), the
+    reservations and message of one dispatch (`reserve`, `object_content`)
+    and the triage of a committed result are required. `attach`, `adopt`,
+    `leaks`, `problems` and `figures` have defaults here (nothing to set
+    up, adopt nothing, hold nothing): a workload that subclasses `Workload`
+    inherits them and overrides what it needs.
+    """
+
+    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None) -> None:
+        """Called by each new `Coordinator` incarnation, at the end of its
+        construction, with its tables (declare the workload's own
+        compensations and build its adapters on them here) and its dispatch
+        log (None without a journal). An incarnation's dispatches die with
+        it: what an earlier one had taken may be offered again."""
+        return None
 
     def take(self) -> str | None:
         """The next work id to start, or None when nothing is startable now."""
@@ -99,6 +128,28 @@ class Workload(Protocol):
         verdict) only when `owner`, once. May raise: it is retried."""
         ...
 
+    def adopt(self, work_id: str) -> bool:
+        """An item the store holds unsettled that this workload may never
+        have taken (only a peer killed for good knew it): True if this
+        workload will finish it (queued now, or known already), False if it
+        is not this workload's to finish."""
+        return False
+
+    def leaks(self) -> list[Leak]:
+        """What the workload's own adapters still hold; empty once every
+        dispatch ended (after `Coordinator.shutdown`)."""
+        return []
+
+    def problems(self) -> list[str]:
+        """What the workload finds wrong once every dispatch ended (its own
+        invariants, e.g. an effect applied twice); checked by the audit."""
+        return []
+
+    def figures(self) -> dict[str, int]:
+        """Counts of the workload's own that a run reports beside the
+        coordinator's statistics."""
+        return {}
+
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
@@ -121,19 +172,16 @@ class CoordinatorConfig:
     # longer than the TTL cannot starve them (real clocks only: under the
     # simulator's virtual time, steps heartbeat).
     background_heartbeat: bool = False
-    # Group commit: the claims of one pass over the free workers are made
-    # together, and the results taken in one poll pass the fence together
-    # (their slots' directories fsynced at the end of one store batch). Off
-    # by default: on this project's ext4 disk it did not pay (see the bench).
-    group_commit: bool = False
+    # Group commit: up to this many claims of one pass over the free workers
+    # are made in one store batch, and up to this many results of one poll
+    # pass the fence in one (their slots' directories fsynced once, at the
+    # batch's end). 1: one at a time, the default: on this project's ext4
+    # disk larger batches did not pay (see the bench).
+    commit_batch: int = 1
 
-
-@dataclass
-class CoordinatorStats:
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def __getitem__(self, key: str) -> int:
-        return self.counts[key]
+    def __post_init__(self) -> None:
+        if type(self.commit_batch) is not int or self.commit_batch < 1:
+            raise ValueError(f"commit_batch must be an int >= 1, got {self.commit_batch!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,11 +266,12 @@ class Coordinator:
                 target=self._beat_in_background, name="dispatchtx-heartbeat", daemon=True
             )
             self._beater.start()
+        workload.attach(self.tables, self.dispatch_log)
 
     def _beat_in_background(self) -> None:
         while not self._stop_beating.wait(self._heartbeat_every):
             with self._lock:
-                self.stats.counts["background heartbeats"] += 1
+                self.stats.counts[Stat.BACKGROUND_HEARTBEATS] += 1
                 self._heartbeat()
 
     def stop_heartbeats(self) -> None:
@@ -266,15 +315,22 @@ class Coordinator:
         self._retry_parked()
         self._dispatch_to_free_workers()
         messages = self.transport.poll(self.config.poll_timeout)
-        if self.config.group_commit and len(messages) > 1:
-            self._receive_group(messages)
-        else:
-            for worker, message in messages:
-                self._receive(worker, message)
+        batch = self.config.commit_batch
+        for start in range(0, len(messages), batch):
+            self._fence_batch(
+                [
+                    (worker, delivered)
+                    for worker, message in messages[start : start + batch]
+                    for delivered in self._deliveries(worker, message)
+                ]
+            )
         now = self.transport.now()
+        released: list[tuple[int, Result | bytes]] = []
         while self._held_back and self._held_back[0][0] <= now:
             _, worker, message = self._held_back.popleft()
-            self._on_message(worker, message)
+            released.append((worker, message))
+        if released:
+            self._fence_batch(released)
         self._sweep_lost_workers(now)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_every
@@ -286,11 +342,12 @@ class Coordinator:
         """Compensate every PREPARING and ACTIVE dispatch, finish what is
         COMMITTING (or leave it to recovery if its triage keeps failing),
         and stop the workers."""
-        while self._held_back:  # late answers still on their way arrive now
-            _, worker, message = self._held_back.popleft()
-            self._on_message(worker, message)
+        late = [(worker, message) for _, worker, message in self._held_back]
+        self._held_back.clear()
+        if late:  # late answers still on their way arrive now
+            self._fence_batch(late)
         failures = self.tables.shutdown()
-        self.stats.counts["compensation failures"] += len(failures)
+        self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
         for _ in range(3):  # entries an earlier incarnation left, if any remain
             if self.dispatch_log is None or not self.dispatch_log.stale():
                 break
@@ -308,42 +365,39 @@ class Coordinator:
             self._free_slots.append(worker)
 
     def _dispatch_to_free_workers(self) -> None:
-        # O(dispatches made): free slots are kept, never searched for.
-        if self.config.group_commit:
-            self._dispatch_group()
-            return
-        for _ in range(len(self._free_slots)):
-            taken = self._take_pair()
-            if taken is None:
-                return
-            now = self.transport.now()
-            opened = self._open(*taken, now)
-            if opened is not None:
-                self._send(*opened, now)
+        # O(dispatches made): free slots are kept, never searched for. A slot
+        # given back in this pass (a refused claim) waits for the next one.
+        budget = len(self._free_slots)
+        batch = self.config.commit_batch
+        while budget > 0:
+            wanted = min(batch, budget)
+            pairs = self._take_pairs(wanted)
+            budget -= len(pairs)
+            if pairs:
+                self._dispatch_batch(pairs)
+            if len(pairs) < wanted:
+                return  # out of free workers or of startable items
 
-    def _take_pair(self) -> tuple[int, str] | None:
-        """A free worker and the next item for it, or None when either runs out."""
-        while self._free_slots:
-            worker = self._free_slots.popleft()
+    def _take_pairs(self, wanted: int) -> list[tuple[int, str]]:
+        """Up to `wanted` (free worker, next item) pairs; fewer when either
+        runs out."""
+        pairs: list[tuple[int, str]] = []
+        free = self._free_slots
+        while free and len(pairs) < wanted:
+            worker = free.popleft()
             if worker in self.lost_workers:
                 continue  # a slot freed before its worker was lost: drop it
             work_id = self.workload.take()
             if work_id is None:
-                self._free_slots.appendleft(worker)
-                return None
-            return worker, work_id
-        return None
-
-    def _dispatch_group(self) -> None:
-        """Batched claims: every claim of one pass over the free workers in
-        one store batch; only once they are durable is any of them sent."""
-        now = self.transport.now()
-        pairs: list[tuple[int, str]] = []
-        for _ in range(len(self._free_slots)):
-            taken = self._take_pair()
-            if taken is None:
+                free.appendleft(worker)
                 break
-            pairs.append(taken)
+            pairs.append((worker, work_id))
+        return pairs
+
+    def _dispatch_batch(self, pairs: list[tuple[int, str]]) -> None:
+        """The claims of `pairs` in one store batch; only once they are
+        durable is any of them sent."""
+        now = self.transport.now()
         opened: list[tuple[Transaction, int, str, WorkLease]] = []
         next_pair = 0
         try:
@@ -356,7 +410,7 @@ class Coordinator:
         except (OutcomeUnknown, StoreIOError) as error:
             # The batch's fsync failed: send none of it. Abandoning each claim
             # publishes after it, and that fsync makes both durable or fails.
-            self.stats.counts["group claims failed"] += 1
+            self.stats.counts[Stat.CLAIM_BATCHES_FAILED] += 1
             log.info("a group of claims did not become durable; none is sent: %s", error)
             for txn, _, _, _ in opened:
                 self._compensate(txn)
@@ -371,8 +425,8 @@ class Coordinator:
                 self._compensate(txn)
             raise
         if len(opened) > 1:
-            self.stats.counts["group claims"] += 1
-            self.stats.counts["claims in group claims"] += len(opened)
+            self.stats.counts[Stat.CLAIM_BATCHES] += 1
+            self.stats.counts[Stat.CLAIMS_IN_BATCHES] += len(opened)
         for index, one in enumerate(opened):
             try:
                 self._send(*one, now)
@@ -389,17 +443,18 @@ class Coordinator:
         slot_registered = item_registered = False
         txn: Transaction | None = None
         try:
-            txn = self.tables.prepare(worker, tag=work_id)
+            txn = self.tables.prepare(worker, tag=DispatchTag(work_id, UNCLAIMED))
             txn.add(self._slot, worker)
             slot_registered = True
             txn.add(self._item, work_id)
             item_registered = True
-            lease = self._claim(txn, work_id, now)
-            if lease is None:
+            try:
+                lease = self.leases.reserve(txn, work_id, now)
+            except ClaimRefused as refused:
                 self.tables.abort(txn.id)  # gives the slot and the item back
-                self._refused(work_id)
+                self._refused(work_id, refused.result)
                 return None
-            txn.tag = (work_id, lease.token)
+            txn.tag = DispatchTag(work_id, lease.token)
             return txn, worker, work_id, lease
         except BaseException as error:
             if txn is not None and slot_registered:
@@ -444,8 +499,8 @@ class Coordinator:
             faults.check(FaultPoint.SEND)
             self.transport.send(worker, work)
             self.tables.sent(txn.id, now)
-            self.stats.counts["dispatches"] += 1
-            self.stats.counts["objects shipped"] += len(missing)
+            self.stats.counts[Stat.DISPATCHES] += 1
+            self.stats.counts[Stat.OBJECTS_SHIPPED] += len(missing)
             if faults.fires(FaultPoint.AMBIGUOUS_SEND):
                 # Delivered, but the coordinator saw an error: the dispatch
                 # is ACTIVE, so it is discarded after send.
@@ -465,27 +520,26 @@ class Coordinator:
             failures = self.tables.fenced_out(txn.id)
         else:
             return
-        self.stats.counts["compensation failures"] += len(failures)
+        self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
         for failure in failures:
             log.info("compensating a failed dispatch: %s", failure)
 
     def _dispatch_failed(self, work_id: str, worker: int, error: Exception) -> None:
-        self.stats.counts["dispatch failures"] += 1
+        self.stats.counts[Stat.DISPATCH_FAILURES] += 1
         log.info("dispatch of %r to worker %d failed: %s", work_id, worker, error)
 
-    def _claim(self, txn: Transaction, work_id: str, now: float) -> WorkLease | None:
-        try:
-            return self.leases.reserve(txn, work_id, now)
-        except Unavailable:
-            return None
-
-    def _refused(self, work_id: str) -> None:
-        """The store would not let us claim the item: learn why."""
-        status = self.store.read(work_id).status
-        self.stats.counts[f"claim refused: {status.value}"] += 1
-        if status is ItemStatus.DONE:
+    def _refused(self, work_id: str, result: ClaimResult | None) -> None:
+        """The item could not be claimed: the store's answer says whether it
+        is finished (None: this coordinator leases it already)."""
+        if result is None:
+            self.stats.counts[Stat.REFUSED_HELD_HERE] += 1
+            return
+        # A claim without a token (which the store never returns) is taken
+        # as "not claimable now".
+        self.stats.counts[REFUSED_BY_OUTCOME.get(result.outcome, Stat.REFUSED_BUSY)] += 1
+        if result.outcome is ClaimOutcome.DONE:
             self.workload.done(work_id)
-        elif status is ItemStatus.QUARANTINED:
+        elif result.outcome is ClaimOutcome.QUARANTINED:
             self.workload.drop(work_id, "quarantined")
 
     # -- results ---------------------------------------------------------------
@@ -504,31 +558,26 @@ class Coordinator:
             return [message, message]  # the worker answered twice
         return [message]
 
-    def _receive(self, worker: int, message: Result | bytes) -> None:
-        for delivered in self._deliveries(worker, message):
-            self._on_message(worker, delivered)
-
-    def _receive_group(self, messages: list[tuple[int, Result | bytes]]) -> None:
-        """Group commit of the results of one poll: every fence first, in one
-        store batch; only once their commit slots are durable, the triage of
-        each."""
+    def _fence_batch(self, deliveries: list[tuple[int, Result | bytes]]) -> None:
+        """Group commit of results (one, or up to `commit_batch`): every
+        fence first, in one store batch; only once their commit slots are
+        durable, the triage of each."""
         passed: list[tuple[int, int, Result]] = []
         fenced_ids: set[int] = set()
         try:
             with self.store.batch():
-                for worker, message in messages:
-                    for delivered in self._deliveries(worker, message):
-                        if isinstance(delivered, Result) and delivered.dispatch_id in fenced_ids:
-                            self._drop_duplicate(worker, delivered)
-                            continue
-                        fenced = self._fence(worker, delivered)
-                        if fenced is not None:
-                            passed.append(fenced)
-                            fenced_ids.add(fenced[0])
+                for worker, delivered in deliveries:
+                    if isinstance(delivered, Result) and delivered.dispatch_id in fenced_ids:
+                        self._drop_duplicate(worker, delivered)
+                        continue
+                    fenced = self._fence(worker, delivered)
+                    if fenced is not None:
+                        passed.append(fenced)
+                        fenced_ids.add(fenced[0])
         except (OutcomeUnknown, StoreIOError) as error:
             # The batch's fsync failed: settle each commit on its own before
             # acting on it (calling begin_commit again does).
-            self.stats.counts["group commits retried"] += 1
+            self.stats.counts[Stat.COMMIT_BATCHES_RETRIED] += 1
             log.info("a group commit's fsync failed, settling one by one: %s", error)
             self._settle_commits(passed)
         except Exception:
@@ -537,10 +586,9 @@ class Coordinator:
             self._settle_commits(passed)
             self._carry_on(passed)
             raise
-        if not passed:
-            return
-        self.stats.counts["group commits"] += 1
-        self.stats.counts["results in group commits"] += len(passed)
+        if len(passed) > 1:
+            self.stats.counts[Stat.COMMIT_BATCHES] += 1
+            self.stats.counts[Stat.RESULTS_IN_BATCHES] += len(passed)
         self._carry_on(passed)
 
     def _settle_commits(self, passed: list[tuple[int, int, Result]]) -> None:
@@ -554,45 +602,40 @@ class Coordinator:
             self._past_fence(dispatch_id, worker, result)
 
     def _drop_duplicate(self, worker: int, result: Result) -> None:
-        self.stats.counts["stale or duplicate results dropped"] += 1
+        self.stats.counts[Stat.STALE_RESULTS] += 1
         log.info(
             "dropped a duplicate result of dispatch %d from worker %d", result.dispatch_id, worker
         )
-
-    def _on_message(self, worker: int, message: Result | bytes) -> None:
-        passed = self._fence(worker, message)
-        if passed is not None:
-            self._past_fence(*passed)
 
     def _fence(self, worker: int, message: Result | bytes) -> tuple[int, int, Result] | None:
         """Everything up to and including `begin_commit`; returns what passed
         the fence, for `_past_fence`."""
         self._strikes[worker] = 0  # it answers, even garbled or late: not hung
         if isinstance(message, bytes):
-            self.stats.counts["malformed results dropped"] += 1
+            self.stats.counts[Stat.MALFORMED_RESULTS] += 1
             log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
             return None
         try:
             txn = self.tables.match(worker, message.dispatch_id)
         except (UnknownDispatch, WrongWorker) as error:
-            self.stats.counts["stale or duplicate results dropped"] += 1
+            self.stats.counts[Stat.STALE_RESULTS] += 1
             log.info("dropped a result from worker %d: %s", worker, error)
             if message.dispatch_id not in self._recently_committed:
                 self.wasted_cpu_seconds += message.cpu_seconds  # a stale run: redone
             return None
-        if txn.tag != (message.item, message.token):
-            self.stats.counts["mismatched results dropped"] += 1
+        if txn.tag != DispatchTag(message.item, message.token):
+            self.stats.counts[Stat.MISMATCHED_RESULTS] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return None
         if not message.ok:
-            self.stats.counts["task errors"] += 1
+            self.stats.counts[Stat.TASK_ERRORS] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return None
         outcome = self._begin_commit(message.item, message.token, message.result)
         if outcome is CommitOutcome.FENCED_OUT:
-            self.stats.counts["fenced out"] += 1
+            self.stats.counts[Stat.FENCED_OUT] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return None
@@ -602,9 +645,8 @@ class Coordinator:
         self._remember_committed(dispatch_id)
         self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
         self._committed[dispatch_id] = _Committed(message.item, message.token, message.result)
-        self.tables.fence_passed(dispatch_id)
         self._free_slot(worker)  # the result is in hand: the worker is free (D1)
-        self._commit(dispatch_id)
+        self._commit(dispatch_id)  # committing() moves it past the fence
 
     def _remember_committed(self, dispatch_id: int) -> None:
         """A bounded memory of committed dispatches, so that a duplicate of
@@ -623,7 +665,7 @@ class Coordinator:
                 outcome = self.store.begin_commit(work_id, token, result)
             except (OutcomeUnknown, StoreIOError, OSError, InjectedFault) as error:
                 # Calling again settles it: the store kept our nonce.
-                self.stats.counts["begin_commit retried"] += 1
+                self.stats.counts[Stat.BEGIN_COMMIT_RETRIED] += 1
                 log.info("begin_commit of %r unresolved, retrying: %s", work_id, error)
                 continue
             if outcome is CommitOutcome.DUPLICATE:
@@ -634,7 +676,7 @@ class Coordinator:
 
     def _fenced_out(self, dispatch_id: int) -> None:
         failures = self.tables.fenced_out(dispatch_id)
-        self.stats.counts["compensation failures"] += len(failures)
+        self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
         for failure in failures:
             log.info("discard: %s", failure)
 
@@ -645,15 +687,15 @@ class Coordinator:
                 self._triage(committed, owner=True)
         except CompensationError as error:
             # COMMITTED; a release failed and was recorded.
-            self.stats.counts["compensation failures"] += len(error.failures)
+            self.stats.counts[Stat.COMPENSATION_FAILURES] += len(error.failures)
         except Exception as error:
-            self.stats.counts["triage failures"] += 1
+            self.stats.counts[Stat.TRIAGE_FAILURES] += 1
             log.info("triage of dispatch %d failed, parked for a retry: %s", dispatch_id, error)
             if dispatch_id not in self._parked:
                 self._parked.append(dispatch_id)
             return
         del self._committed[dispatch_id]
-        self.stats.counts["committed"] += 1
+        self.stats.counts[Stat.COMMITTED] += 1
 
     def _triage(self, committed: _Committed, *, owner: bool) -> None:
         faults = self.faults
@@ -675,7 +717,7 @@ class Coordinator:
     def _retry_parked(self) -> None:
         parked, self._parked = self._parked, []
         for dispatch_id in parked:
-            self.stats.counts["triage retries"] += 1
+            self.stats.counts[Stat.TRIAGE_RETRIES] += 1
             self._commit(dispatch_id)
 
     # -- lost workers, heartbeats, recovery ------------------------------------
@@ -692,13 +734,13 @@ class Coordinator:
             if self._strikes[txn.worker] >= self.config.strikes:
                 lost.add(txn.worker)
             else:
-                self.stats.counts["deadlines missed"] += 1
+                self.stats.counts[Stat.DEADLINES_MISSED] += 1
                 self._fenced_out(txn.id)
         for worker in sorted(lost - self.lost_workers):
             self.lost_workers.add(worker)
-            self.stats.counts["workers lost"] += 1
+            self.stats.counts[Stat.WORKERS_LOST] += 1
             failures = self.tables.lose_worker(worker)
-            self.stats.counts["compensation failures"] += len(failures)
+            self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
             log.warning("worker %d lost; its dispatches were compensated", worker)
 
     def readmit(self, worker: int) -> None:
@@ -712,16 +754,16 @@ class Coordinator:
         occupied = sum(1 for txn in self.tables.in_flight(worker) if txn.phase.value <= 1)
         queued = self._free_slots.count(worker)
         self._free_slots.extend([worker] * (self.config.max_in_flight - occupied - queued))
-        self.stats.counts["workers readmitted"] += 1
+        self.stats.counts[Stat.WORKERS_READMITTED] += 1
 
     def _heartbeat(self) -> None:
         try:
             lost = self.leases.heartbeat_all()
         except StoreError as error:  # advisory: the next round tries again
-            self.stats.counts["heartbeat failures"] += 1
+            self.stats.counts[Stat.HEARTBEAT_FAILURES] += 1
             log.info("heartbeat failed: %s", error)
             return
-        self.stats.counts["leases found lost"] += len(lost)
+        self.stats.counts[Stat.LEASES_FOUND_LOST] += len(lost)
 
     def _close_stale_entries(self) -> None:
         """Dispatches an earlier incarnation journaled and never ended: the
@@ -736,10 +778,10 @@ class Coordinator:
                     continue  # to be rolled forward first; closed at a later round
                 log_.close_stale(entry.dispatch_id, committed=status is ItemStatus.DONE)
             except Exception as error:  # the store or the journal: retried next round
-                self.stats.counts["stale journal entries left"] += 1
+                self.stats.counts[Stat.STALE_ENTRIES_LEFT] += 1
                 log.info("closing stale dispatch %d failed: %s", entry.dispatch_id, error)
                 continue
-            self.stats.counts["stale journal entries closed"] += 1
+            self.stats.counts[Stat.STALE_ENTRIES_CLOSED] += 1
 
     def roll_forward(self) -> int:
         """Finish every item a stalled owner (or an earlier incarnation of
@@ -751,12 +793,12 @@ class Coordinator:
         try:
             if self._full_look_due:
                 for key in self.store.mark_committing_items():
-                    self.stats.counts["unreadable items"] += 1
+                    self.stats.counts[Stat.UNREADABLE_ITEMS] += 1
                     log.warning("item %s has corrupt records; it is left alone", key)
                 self._full_look_due = False
             candidates = self.store.roll_forward_candidates(self.transport.now())
         except StoreError as error:
-            self.stats.counts["roll-forward failures"] += 1
+            self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
             log.info("looking for items to roll forward failed: %s", error)
             return 0
         for candidate in candidates:
@@ -766,18 +808,19 @@ class Coordinator:
             try:
                 self._triage(committed, owner=mine)
             except Exception as error:
-                self.stats.counts["roll-forward failures"] += 1
+                self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
                 log.info("rolling %r forward failed, will retry: %s", candidate.work_id, error)
                 continue
             self.workload.done(candidate.work_id)
             rolled += 1
-            self.stats.counts["rolled forward" if mine else "rolled forward for a peer"] += 1
+            self.stats.counts[Stat.ROLLED_FORWARD if mine else Stat.ROLLED_FORWARD_FOR_PEER] += 1
         return rolled
 
     # -- audit ---------------------------------------------------------------------
 
     def leaks(self) -> list[Leak]:
-        """What this coordinator still holds once every dispatch ended."""
+        """What this coordinator and its workload's adapters still hold:
+        empty once every dispatch ended."""
         leaks = self.leases.leaks()
         if self.dispatch_log is not None:
             leaks.extend(self.dispatch_log.leaks())
@@ -785,4 +828,19 @@ class Coordinator:
             Leak("tables", "dispatch", f"{txn.id}:{txn.phase.name}", txn.id)
             for txn in self.tables.in_flight()
         )
+        leaks.extend(self.workload.leaks())
         return leaks
+
+    def adopt_orphans(self) -> bool:
+        """Offer the workload every item the store holds unsettled (neither
+        done nor quarantined): items only a peer killed for good knew are
+        finished by whoever adopts them. True while the workload will finish
+        some such item, so the caller keeps stepping; a store error (a disk
+        fault) is True too: look again."""
+        finished = (ItemStatus.DONE, ItemStatus.QUARANTINED)
+        try:
+            unsettled = [s.work_id for s in self.store.items() if s.status not in finished]
+            adopted = [self.workload.adopt(work_id) for work_id in unsettled]
+        except (StoreError, OSError):
+            return True
+        return any(adopted)

@@ -12,21 +12,21 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 
-__all__ = ["ItemState", "WorkQueue"]
+__all__ = ["QueueState", "WorkQueue"]
 
 
-class ItemState(enum.Enum):
+class QueueState(enum.Enum):
     PENDING = "pending"  # waiting to be taken
     TAKEN = "taken"  # handed to the coordinator, neither done nor given back
     DONE = "done"  # done in the store (by this coordinator or another)
     DROPPED = "dropped"  # will never be done (quarantined)
 
 
-_UNFINISHED = (ItemState.PENDING, ItemState.TAKEN)
+_UNFINISHED = (QueueState.PENDING, QueueState.TAKEN)
 
 
 class WorkQueue:
-    """Items in first-in, first-out order, each in one `ItemState`.
+    """Items in first-in, first-out order, each in one `QueueState`.
 
     Every call is O(1) amortized: a given-back item goes to the back, and an
     item finished while waiting is skipped when it reaches the front.
@@ -36,7 +36,7 @@ class WorkQueue:
 
     def __init__(self, work_ids: Iterable[str] = ()) -> None:
         self._order: deque[str] = deque()
-        self._state: dict[str, ItemState] = {}
+        self._state: dict[str, QueueState] = {}
         self._unfinished = 0
         self.add(work_ids)
 
@@ -49,7 +49,7 @@ class WorkQueue:
                 raise ValueError(f"{work_id!r} was added before")
             seen.add(work_id)
         for work_id in new:
-            self._state[work_id] = ItemState.PENDING
+            self._state[work_id] = QueueState.PENDING
             self._order.append(work_id)
         self._unfinished += len(new)
 
@@ -58,27 +58,27 @@ class WorkQueue:
         order, state = self._order, self._state
         while order:
             work_id = order.popleft()
-            if state[work_id] is ItemState.PENDING:
-                state[work_id] = ItemState.TAKEN
+            if state[work_id] is QueueState.PENDING:
+                state[work_id] = QueueState.TAKEN
                 return work_id
         return None
 
     def give_back(self, work_id: str) -> None:
         """A TAKEN item is pending again, at the back; anything else is left."""
-        if self._state.get(work_id) is ItemState.TAKEN:
-            self._state[work_id] = ItemState.PENDING
+        if self._state.get(work_id) is QueueState.TAKEN:
+            self._state[work_id] = QueueState.PENDING
             self._order.append(work_id)
 
     def done(self, work_id: str) -> bool:
         """Mark an unfinished item DONE; False (and no change) if it is
         unknown or already done or dropped."""
-        return self._finish(work_id, ItemState.DONE)
+        return self._finish(work_id, QueueState.DONE)
 
     def drop(self, work_id: str) -> bool:
         """Mark an unfinished item DROPPED; False as for `done`."""
-        return self._finish(work_id, ItemState.DROPPED)
+        return self._finish(work_id, QueueState.DROPPED)
 
-    def _finish(self, work_id: str, final: ItemState) -> bool:
+    def _finish(self, work_id: str, final: QueueState) -> bool:
         if self._state.get(work_id) not in _UNFINISHED:
             return False
         self._state[work_id] = final
@@ -89,7 +89,7 @@ class WorkQueue:
         """Items neither done nor dropped."""
         return self._unfinished
 
-    def state(self, work_id: str) -> ItemState:
+    def state(self, work_id: str) -> QueueState:
         """The item's state; KeyError for an id never added."""
         return self._state[work_id]
 

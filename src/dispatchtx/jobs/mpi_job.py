@@ -26,12 +26,14 @@ from typing import Any
 
 from dispatchtx import COMPILED
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator.audit import audit
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
+from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.objects import StoreError
-from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.store import WorkStore
 from dispatchtx.transport import MPITransport, Work, run_worker
 
 __all__ = ["main", "parse_faults"]
@@ -102,9 +104,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hang-rank", type=int, default=0, help="a worker rank that hangs")
     parser.add_argument("--hang-after", type=int, default=3, help="...after this many tasks")
     parser.add_argument(
-        "--group-commit",
-        action="store_true",
-        help="claim and fence the items of one pass together, in one store batch",
+        "--commit-batch",
+        type=int,
+        default=1,
+        help="claim, and fence, up to this many items of one pass in one store batch",
     )
     return parser.parse_args(argv)
 
@@ -141,13 +144,10 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         strikes=args.strikes,
         journal_path=args.journal,
         background_heartbeat=True,  # a long triage must not starve the leases
-        group_commit=args.group_commit,
+        commit_batch=args.commit_batch,
     )
     started = time.monotonic()
     coordinator = _start(config, transport, store, workload, plan, fs)
-    if isinstance(workload, FuzzWorkload):
-        # Its adapters live on this incarnation's tables.
-        workload.attach(coordinator.tables, dispatch_log=coordinator.dispatch_log)
     status_path = f"{args.report}.status"
     recovered_after: float | None = None
 
@@ -183,7 +183,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + 1.0
                 write_status()
-        if not isinstance(workload, FuzzWorkload) or not _adopt_orphans(store, workload):
+        if not coordinator.adopt_orphans():
             break
         coordinator.step()  # heartbeats and roll-forward go on meanwhile
     write_status()
@@ -192,8 +192,10 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     coordinator_stats = Counter(coordinator.stats.counts)
     # The audit reads the store without injected faults: it is the caller's
     # check of what happened, not part of the run.
-    audit = WorkStore(RealFS() if args.fs == "real" else fs, args.store, RealClock(), ttl=args.ttl)
-    statuses = Counter(state.status.value for state in audit.items())
+    audit_store = WorkStore(
+        RealFS() if args.fs == "real" else fs, args.store, RealClock(), ttl=args.ttl
+    )
+    statuses = Counter(state.status.value for state in audit_store.items())
     report: dict[str, Any] = {
         "coordinator": args.coordinator_id,
         "build": "compiled" if COMPILED else "pure",
@@ -204,7 +206,7 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         "items": args.items,
         "max_in_flight": args.max_in_flight,
         "seconds": round(elapsed, 4),
-        "results_per_second": round(coordinator_stats["committed"] / elapsed, 1),
+        "results_per_second": round(coordinator_stats[Stat.COMMITTED] / elapsed, 1),
         "counts": dict(sorted(coordinator_stats.items())),
         "faults_fired": {point.value: n for point, n in sorted(coordinator.faults.fired.items())},
         "lost_workers": sorted(coordinator.lost_workers),
@@ -217,53 +219,22 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     # Shut down before reporting leaks: every PREPARING and ACTIVE dispatch
     # is compensated, COMMITTING ones are finished.
     coordinator.shutdown()
-    report["leaks_after_shutdown"] = [str(leak) for leak in coordinator.leaks()]
-    if isinstance(workload, FuzzWorkload):
-        # Every resource kind's adapter, per kind: nothing may stay held.
-        report["leaks_after_shutdown"] += [str(leak) for leak in workload.leaks()]
-        counted, sent = workload.proposal_attempts()
-        report["proposal_attempts"] = {"counted": counted, "sent": sent}
-        report["effects_applied_twice"] = workload.ledger.effects_applied_twice
-        if counted != sent:
-            report["violations"].append(f"proposal attempts {counted} counted, {sent} sent")
-        if workload.ledger.effects_applied_twice:
-            report["violations"].append("local effects applied twice")
+    run_audit = audit(coordinator, audit_store)
+    report["audit"] = run_audit.as_json()
+    report["leaks_after_shutdown"] = [str(leak) for leak in run_audit.leaks]
+    report["violations"].extend(run_audit.problems)
+    report["effects_applied_twice"] = workload.ledger.effects_applied_twice
+    if workload.ledger.effects_applied_twice:
+        report["violations"].append("local effects applied twice")
     report["leaks_before_shutdown"] = leaks
-    left = [
-        s.work_id
-        for s in audit.items()
-        if s.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
-    ]
-    report["items_not_done_in_store"] = left
-    report["passed"] = (
-        not report["violations"]
-        and not report["leaks_after_shutdown"]
-        and not left
-        and report["not_done"] == 0
-    )
+    report["items_not_done_in_store"] = list(run_audit.unsettled)
+    report["passed"] = run_audit.passed and not report["violations"] and report["not_done"] == 0
     temporary = f"{args.report}.tmp.{os.getpid()}"
     with open(temporary, "w") as out:
         json.dump(report, out, indent=2)
     os.replace(temporary, args.report)  # the caller polls for the report: whole or absent
     transport.close()
     return 0 if report["passed"] else 1
-
-
-def _adopt_orphans(store: WorkStore, workload: FuzzWorkload) -> bool:
-    """Items in the store that are not settled and that only a peer knew
-    (one killed for good discovered them): take them on. True while some
-    item is unsettled, so the caller keeps stepping."""
-    try:
-        states = store.items()
-    except StoreError:
-        return True  # a disk fault: look again
-    unsettled = [s for s in states if s.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)]
-    for state in unsettled:
-        try:
-            workload.adopt(state.work_id)  # reads the seed from the corpus
-        except OSError:
-            return True  # a disk fault: look again
-    return bool(unsettled)
 
 
 def _kill_job(point: FaultPoint) -> None:

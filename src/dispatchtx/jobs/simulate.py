@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator.audit import audit, unsettled_items
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
+from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
@@ -97,8 +99,12 @@ def _restart_state(workload: HashWorkload) -> None:
     """A killed coordinator's memory is gone: what it had taken is pending
     again for its next incarnation."""
     for item in workload.items:
-        if workload.status(item) == "taken":
+        if workload.status(item) is QueueState.TAKEN:
             workload.give_back(item)
+
+
+def _commit_batch(rng: random.Random) -> int:
+    return 1 if rng.random() < 0.5 else rng.choice((2, 3, 1024))
 
 
 def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> ScheduleReport:
@@ -117,9 +123,10 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         # resource kind (targets, shards, bandit, algorithm selection,
         # pairing, proposals, object cache) on every dispatch.
         "workload": "fuzz" if rng.random() < 0.5 else "hash",
-        # Half with group commit (store batches); drawn apart so that the
-        # other draws, and thus the schedules of earlier runs, stay as they were.
-        "group_commit": random.Random(f"{seed}:{schedule}:group").random() < 0.5,
+        # Half with group commit (store batches of 2, 3 or any size); drawn
+        # apart so that the other draws, and thus the schedules of earlier
+        # runs, stay as they were.
+        "commit_batch": _commit_batch(random.Random(f"{seed}:{schedule}:group")),
     }
     fuzzing = shape["workload"] == "fuzz"
     report = ScheduleReport(seed, schedule, shape)
@@ -182,7 +189,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             deadline=1.0,
             journal_path=f"/journals/{host.name}.journal",
             journal_policy=journal_policy,
-            group_commit=shape["group_commit"],
+            commit_batch=shape["commit_batch"],
         )
         # A start that hits a disk fault (registering its incarnation) exits
         # and is started again, as a supervisor would.
@@ -197,12 +204,6 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     faults=plan,
                     journal_fs=host.local_disk,
                 )
-                if isinstance(host.workload, FuzzWorkload):
-                    # A new incarnation's adapters, on its tables; what the
-                    # dead one had taken is offered again.
-                    host.workload.attach(
-                        host.coordinator.tables, dispatch_log=host.coordinator.dispatch_log
-                    )
                 return
             except (StoreError, OSError):
                 report.counts["failed starts"] += 1
@@ -222,22 +223,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     def adopt_orphans(live: list[Host]) -> bool:
         """Items only a peer killed for good knew are still unsettled in the
         store: the live coordinators take them on. True while any is left."""
-        try:
-            unsettled = [
-                state.work_id
-                for state in WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl).items()
-                if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
-            ]
-        except (StoreError, OSError):
-            return True  # a disk fault: look again
-        for host in live:
-            if isinstance(host.workload, FuzzWorkload):
-                for work_id in unsettled:
-                    try:
-                        host.workload.adopt(work_id)  # reads the seed from the corpus
-                    except OSError:
-                        return True  # a disk fault: look again
-        return bool(unsettled)
+        adopting = [h.coordinator.adopt_orphans() for h in live if h.coordinator is not None]
+        return any(adopting)
 
     steps = 0
     killed_for_good = False
@@ -301,19 +288,12 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             except Exception as error:
                 report.violations.append(f"{host.name} shutdown raised {error!r}")
             gather(host)
-            for leak in host.coordinator.leaks():
-                report.violations.append(f"{host.name} leaked {leak}")
-            if isinstance(host.workload, FuzzWorkload):
-                # Every resource kind, per adapter: leases, assignments,
-                # pending tokens, proposal states.
-                for leak in host.workload.leaks():
-                    report.violations.append(f"{host.name} leaked {leak}")
-                counted, sent = host.workload.proposal_attempts()
-                report.counts["proposal attempts"] += counted
-                if counted != sent:
-                    report.violations.append(
-                        f"{host.name}: proposal attempts {counted} counted, {sent} sent"
-                    )
+            # Every resource kind, per adapter (leases, assignments, pending
+            # tokens, proposal states), and what the workload finds wrong.
+            run_audit = audit(host.coordinator)
+            report.violations.extend(f"{host.name} leaked {leak}" for leak in run_audit.leaks)
+            report.violations.extend(f"{host.name}: {problem}" for problem in run_audit.problems)
+            report.counts.update(run_audit.figures)
         for name, count in host.transport.stats.items():
             if name in TRANSPORT_FAULTS and count:
                 report.fired[TRANSPORT_FAULTS[name]] += count
@@ -323,11 +303,11 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     # What must hold after the run, re-derived from the store and the ledger.
     fs.fault = None
     store = WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl, retry_pause=lambda seconds: None)
-    for state in store.items():
-        if state.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED):
-            report.violations.append(f"{state.work_id} left {state.status.value} in the store")
-        if state.status is ItemStatus.QUARANTINED:
-            report.counts["quarantined"] += 1
+    for state in unsettled_items(store):
+        report.violations.append(f"{state.work_id} left {state.status.value} in the store")
+    report.counts["quarantined"] += sum(
+        1 for state in store.items() if state.status is ItemStatus.QUARANTINED
+    )
     if report.counts["task errors"]:
         report.violations.append(
             f"{report.counts['task errors']} tasks ran without their object (false cache hit)"
@@ -350,9 +330,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             if digest != expected.expected(item):
                 report.violations.append(f"{item} is done but its result was never triaged")
     report.violations.extend(ledger.violations)
-    applied_twice = sum(1 for count in ledger.local_applied.values() if count > 1)
-    if applied_twice:
-        report.violations.append(f"{applied_twice} local effects applied twice")
+    if ledger.effects_applied_twice:
+        report.violations.append(f"{ledger.effects_applied_twice} local effects applied twice")
     report.counts["triage reruns"] += ledger.reruns
     return report
 

@@ -23,12 +23,21 @@ from dispatchtx.resources._base import (
     Unavailable,
     require_preparing,
 )
-from dispatchtx.store import AbandonOutcome, ClaimOutcome, WorkStore
+from dispatchtx.store import AbandonOutcome, ClaimOutcome, ClaimResult, WorkStore
 
 if TYPE_CHECKING:
     from dispatchtx import DispatchTables, Transaction
 
-__all__ = ["LeaseLost", "WorkLease", "WorkLeases"]
+__all__ = ["ClaimRefused", "LeaseLost", "WorkLease", "WorkLeases"]
+
+
+class ClaimRefused(Unavailable):
+    """The store would not let the item be claimed now; `result` is its
+    answer (None: this coordinator already leases the item itself)."""
+
+    def __init__(self, message: str, result: ClaimResult | None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class LeaseLost(ResourceError):
@@ -60,17 +69,20 @@ class WorkLeases(AdapterBase[WorkLease]):
         self.taken_over = 0
 
     def reserve(self, txn: Transaction, work_id: str, now: float | None = None) -> WorkLease:
-        """Claim `work_id` for this dispatch; `Unavailable` if it cannot be
-        claimed now (held by another, committing, done or quarantined)."""
+        """Claim `work_id` for this dispatch; `ClaimRefused` (an `Unavailable`)
+        if it cannot be claimed now (held by another, committing, done or
+        quarantined), carrying the store's answer."""
         require_preparing(txn, "claim work")
         if work_id in self._held:
-            raise Unavailable(f"work item {work_id!r} is already leased by this coordinator")
+            raise ClaimRefused(f"work item {work_id!r} is already leased by this coordinator", None)
         result = self._store.try_claim(work_id, now)
         # ALREADY_HELD: an earlier claim of ours whose outcome we never learned
         # (its reply was lost, or the call failed after the link): adopt it.
         usable = (ClaimOutcome.CLAIMED, ClaimOutcome.ALREADY_HELD)
         if result.outcome not in usable or result.token is None:
-            raise Unavailable(f"work item {work_id!r} cannot be claimed: {result.outcome.value}")
+            raise ClaimRefused(
+                f"work item {work_id!r} cannot be claimed: {result.outcome.value}", result
+            )
         lease = WorkLease(work_id, result.token, txn.id)
         self._held[work_id] = lease
         self._register(txn, lease, self._abandon)

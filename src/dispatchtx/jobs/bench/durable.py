@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import RealClock
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.mpi import JobRunner, _rates
@@ -36,7 +37,7 @@ def durable_counts(
     workers: int,
     *,
     max_in_flight: int = 1,
-    group_commit: bool = False,
+    commit_batch: int = 1,
 ) -> dict[str, Any]:
     """The shape of one `mpi_job --fs real` run in process: a fresh store on
     the real disk through `CountingFS`, `workers` simulated workers, the same
@@ -46,14 +47,14 @@ def durable_counts(
     store = WorkStore(fs, directory, RealClock(), ttl=SCALING_TTL)
     workload = HashWorkload(items)
     config = CoordinatorConfig(
-        "bench", deadline=2.0, max_in_flight=max_in_flight, group_commit=group_commit
+        "bench", deadline=2.0, max_in_flight=max_in_flight, commit_batch=commit_batch
     )
     coordinator = Coordinator(config, transport, store, workload)
     before = fs.count.snapshot()
     started = time.perf_counter()
     coordinator.run()
     elapsed = time.perf_counter() - started
-    committed = coordinator.stats.counts["committed"]
+    committed = coordinator.stats[Stat.COMMITTED]
     coordinator.shutdown()
     if committed != items:
         raise RuntimeError(f"durable path in process: {committed} of {items} committed")
@@ -128,6 +129,7 @@ def durable_run(
 
 
 BATCHING_DEPTH: Final = 4
+GROUPED: Final = 1024  # "grouped": every claim of a pass, every result of a poll
 
 
 def durable_batching(
@@ -152,7 +154,7 @@ def durable_batching(
                 items,
                 workers,
                 max_in_flight=BATCHING_DEPTH,
-                group_commit=grouped,
+                commit_batch=GROUPED if grouped else 1,
             )
 
         counted = repeated(reps, count)
@@ -161,7 +163,12 @@ def durable_batching(
         for rep in range(reps):
             progress(f"4. durable path, batching: mpi_job --fs real, {label}, {rep + 1}/{reps}")
             rate, error = runner.dispatchtx(
-                ranks, BATCHING_DEPTH, items, "real", "durable-batch", group_commit=grouped
+                ranks,
+                BATCHING_DEPTH,
+                items,
+                "real",
+                "durable-batch",
+                commit_batch=GROUPED if grouped else 1,
             )
             if rate is not None:
                 samples.append(rate)

@@ -104,7 +104,7 @@ class JobRunner:
         return os.path.join(self.directory, f"store-{self.jobs + 1:03d}-{tag}")
 
     def dispatchtx(
-        self, ranks: int, depth: int, items: int, fs: str, tag: str, *, group_commit: bool = False
+        self, ranks: int, depth: int, items: int, fs: str, tag: str, *, commit_batch: int = 1
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.jobs.mpi_job` run, or the error."""
         outcome = self.run(
@@ -122,7 +122,7 @@ class JobRunner:
                 str(depth),
                 "--coordinator-id",
                 "bench",
-                *(["--group-commit"] if group_commit else []),
+                *(["--commit-batch", str(commit_batch)] if commit_batch > 1 else []),
             ],
             tag,
         )

@@ -13,7 +13,9 @@ from typing import Any, Final
 
 from dispatchtx import Transaction
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator.loop import Workload
 from dispatchtx.coordinator.queue import WorkQueue
+from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import SimulatedFS
 from dispatchtx.jobs.bench.common import spread
 from dispatchtx.jobs.bench.config import BenchConfig
@@ -30,7 +32,7 @@ from dispatchtx.transport import SimulatedTransport, TransportClock
 SCALING_TTL: Final = 2.0  # as mpi_job's default
 
 
-class RefillableWorkload:
+class RefillableWorkload(Workload):
     """HashWorkload's tasks and triage check, with O(1) bookkeeping per call
     and items added between runs, so that one coordinator (whose setup is
     O(workers)) serves a warm-up and every repetition. (HashWorkload's
@@ -133,7 +135,7 @@ def coordinator_scaling(workers: int, items: int, reps: int) -> dict[str, Any]:
 def _scaling_repetitions(
     coordinator: Coordinator,
     workload: RefillableWorkload,
-    counts: Counter[str],
+    counts: Counter[Stat],
     workers: int,
     items: int,
     reps: int,
@@ -143,20 +145,20 @@ def _scaling_repetitions(
     for rep in range(1 + reps):
         workload.add(f"r{rep}-item-{i}" for i in range(items))
         committed, dispatches, objects = (
-            counts["committed"],
-            counts["dispatches"],
-            counts["objects shipped"],
+            counts[Stat.COMMITTED],
+            counts[Stat.DISPATCHES],
+            counts[Stat.OBJECTS_SHIPPED],
         )
         started = time.perf_counter()
         coordinator.run()
         elapsed = time.perf_counter() - started
-        committed = counts["committed"] - committed
+        committed = counts[Stat.COMMITTED] - committed
         if committed != items:
             raise RuntimeError(f"{workers} workers: {committed} of {items} items committed")
         if rep:  # the first run is the warm-up
             samples.append(elapsed / committed * 1e6)
             shipped.append(
-                (counts["objects shipped"] - objects) / (counts["dispatches"] - dispatches)
+                (counts[Stat.OBJECTS_SHIPPED] - objects) / (counts[Stat.DISPATCHES] - dispatches)
             )
 
 

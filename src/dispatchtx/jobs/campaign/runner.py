@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dispatchtx.coordinator.audit import RunAudit
 from dispatchtx.coordinator.faults import FaultPoint
 from dispatchtx.fs import RealClock, RealFS
 from dispatchtx.jobs.workloads.fuzz import check_campaign_dir, committed_slots
 from dispatchtx.jobs.workloads.hash import HashWorkload, result_name
 from dispatchtx.launch import kill_job, start_job
+from dispatchtx.resources import Leak
 from dispatchtx.store import ItemStatus, WorkStore
 
 __all__ = ["CampaignConfig", "run_campaign"]
@@ -370,7 +372,7 @@ class Campaign:
         wasted_cpu = 0.0
         proposal_attempts: Counter[str] = Counter()
         fired: Counter[str] = Counter()
-        leaks: list[str] = []
+        leaks: list[Leak] = []
         recovery: list[dict[str, Any]] = []
         for slot in self.slots:
             for launch in slot.launches:
@@ -396,13 +398,16 @@ class Campaign:
                 wasted_cpu += launch.report.get("wasted_cpu_seconds", 0.0)
                 fired.update(launch.report["faults_fired"])
                 fired.update(launch.report.get("disk_faults_fired", {}))
-                leaks.extend(launch.report["leaks_after_shutdown"])
+                try:
+                    run_audit = RunAudit.from_json(launch.report.get("audit"))
+                except ValueError as error:
+                    problems.append(f"{slot.name} #{launch.number}: {error}")
+                    run_audit = RunAudit()
+                leaks.extend(run_audit.leaks)
                 problems.extend(launch.report["violations"])
                 applied_twice += launch.report.get("effects_applied_twice", 0)
-                attempts = launch.report.get("proposal_attempts")
-                if attempts is not None:
-                    proposal_attempts["counted"] += attempts["counted"]
-                    proposal_attempts["sent"] += attempts["sent"]
+                for name in ("counted", "sent"):
+                    proposal_attempts[name] += run_audit.figures.get(f"proposal attempts {name}", 0)
                 if launch.number > 1:
                     recovery.append(
                         {
@@ -445,10 +450,10 @@ class Campaign:
             "store": dict(sorted(statuses.items())),
             "faults_fired": dict(sorted(fired.items())),
             "requested_faults_not_fired": unfired,
-            "leaks": leaks,
+            "leaks": [str(leak) for leak in leaks],
             # Per resource kind (leases, targets, shards, bandit tokens,
             # algorithm tokens, pairings, proposal states, dispatch log, ...).
-            "leaks_per_resource": dict(Counter(leak.split(":", 1)[0] for leak in leaks)),
+            "leaks_per_resource": dict(Counter(leak.resource for leak in leaks)),
             "duplicate_execution_cpu_seconds": round(wasted_cpu, 4),
             "worker_object_misses_or_task_errors": merged["task errors"],
             "leaked_claims_in_store": statuses.get("claimed", 0),

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dispatchtx import Transaction
+from dispatchtx.coordinator.loop import Workload
+from dispatchtx.coordinator.queue import QueueState, WorkQueue
 from dispatchtx.fs import FS
 from dispatchtx.objects import object_id_of
 from dispatchtx.transport import Work
@@ -70,8 +72,13 @@ class TriageLedger:
     def reruns(self) -> int:
         return sum(runs - 1 for runs in self.triage_runs.values())
 
+    @property
+    def effects_applied_twice(self) -> int:
+        """Local effects applied more than once (never, if triage is right)."""
+        return sum(1 for count in self.local_applied.values() if count > 1)
 
-class HashWorkload:
+
+class HashWorkload(Workload):
     """`n_items` items over `n_objects` shared contents."""
 
     def __init__(
@@ -87,9 +94,7 @@ class HashWorkload:
         self.object_ids = [object_id_of(content) for content in self.contents]
         self._by_id = dict(zip(self.object_ids, self.contents, strict=True))
         self.items = [f"{prefix}-{i}" for i in range(n_items)]
-        self._queue: deque[str] = deque(self.items)
-        self._status = dict.fromkeys(self.items, "pending")
-        self._unfinished = len(self.items)  # pending or taken: O(1) `remaining`
+        self._queue = WorkQueue(self.items)
         self.ledger = TriageLedger() if ledger is None else ledger
         self.dropped: dict[str, str] = {}
         # Where triage links each committed result, as a shared effect that
@@ -99,37 +104,23 @@ class HashWorkload:
     # -- the queue --------------------------------------------------------------
 
     def take(self) -> str | None:
-        while self._queue:
-            work_id = self._queue.popleft()
-            if self._status[work_id] == "pending":
-                self._status[work_id] = "taken"
-                return work_id
-        return None
+        return self._queue.take()
 
     def give_back(self, work_id: str) -> None:
-        if self._status.get(work_id) == "taken":
-            self._status[work_id] = "pending"
-            self._queue.append(work_id)
+        self._queue.give_back(work_id)
 
     def done(self, work_id: str) -> None:
-        self._finish(work_id, "done")
+        self._queue.done(work_id)
 
     def drop(self, work_id: str, reason: str) -> None:
-        if self._finish(work_id, "dropped"):
+        if self._queue.drop(work_id):
             self.dropped[work_id] = reason
 
-    def _finish(self, work_id: str, status: str) -> bool:
-        if self._status.get(work_id) not in ("pending", "taken"):
-            return False  # unknown, or already done or dropped
-        self._status[work_id] = status
-        self._unfinished -= 1
-        return True
-
     def remaining(self) -> int:
-        return self._unfinished
+        return self._queue.remaining()
 
-    def status(self, work_id: str) -> str:
-        return self._status[work_id]
+    def status(self, work_id: str) -> QueueState:
+        return self._queue.state(work_id)
 
     # -- a dispatch --------------------------------------------------------------
 

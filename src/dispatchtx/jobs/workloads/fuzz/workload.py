@@ -10,7 +10,8 @@ from collections import Counter, OrderedDict
 from typing import Final
 
 from dispatchtx import Compensation, DispatchTables, Transaction
-from dispatchtx.coordinator.queue import ItemState
+from dispatchtx.coordinator.loop import DispatchTag, Workload
+from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import FS
 from dispatchtx.jobs.workloads.fuzz.campaign_dir import CampaignDir, Published, encode_delta
 from dispatchtx.jobs.workloads.fuzz.payload import _ITEM_ID, DEPTH_ARMS, STRATEGIES, FuzzPayload
@@ -48,7 +49,7 @@ from dispatchtx.resources import (
 _TAKE_WINDOW: Final = 8
 
 
-class FuzzWorkload:
+class FuzzWorkload(Workload):
     """A fuzzing campaign as a coordinator's `Workload`.
 
     Build it, build the `Coordinator` with it, then `attach` it to that
@@ -102,7 +103,7 @@ class FuzzWorkload:
             target: [] for target in self.config.targets
         }
         self._items: dict[str, _Item] = {}
-        self._status: dict[str, ItemState] = {}
+        self._status: dict[str, QueueState] = {}
         self._queue: OrderedDict[str, None] = OrderedDict()  # pending items, oldest first
         self._created = 0
         # Local knowledge, rebuilt by triage: coverage per target (the union
@@ -128,7 +129,7 @@ class FuzzWorkload:
 
     # -- one coordinator incarnation -------------------------------------------
 
-    def attach(self, tables: DispatchTables, *, dispatch_log: DispatchLog | None = None) -> None:
+    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None = None) -> None:
         """Build this incarnation's adapters on `tables` (the coordinator's),
         and use `dispatch_log` (the coordinator's, when it has a journal) to
         mark local triage effects applied. Items a previous incarnation had
@@ -163,7 +164,7 @@ class FuzzWorkload:
         for proposal_id in self._on_board:
             self._adapters.proposals.propose(proposal_id)
         for work_id, status in self._status.items():
-            if status is ItemState.TAKEN:
+            if status is QueueState.TAKEN:
                 self.give_back(work_id)
 
     @property
@@ -195,34 +196,36 @@ class FuzzWorkload:
             return None
         work_id = first_of_family[family]
         del self._queue[work_id]
-        self._status[work_id] = ItemState.TAKEN
+        self._status[work_id] = QueueState.TAKEN
         return work_id
 
     def give_back(self, work_id: str) -> None:
-        if self._status.get(work_id) is ItemState.TAKEN:
-            self._status[work_id] = ItemState.PENDING
+        if self._status.get(work_id) is QueueState.TAKEN:
+            self._status[work_id] = QueueState.PENDING
             self._queue[work_id] = None
 
     def done(self, work_id: str) -> None:
         # Also for ids this workload never made (a peer's item rolled forward
         # here): if triage ever makes the same item, it is done already.
-        if self._status.get(work_id) is not ItemState.DONE:
-            self._status[work_id] = ItemState.DONE
+        if self._status.get(work_id) is not QueueState.DONE:
+            self._status[work_id] = QueueState.DONE
             self._queue.pop(work_id, None)
 
     def drop(self, work_id: str, reason: str) -> None:
-        if self._status.get(work_id) is not ItemState.DONE:
-            self._status[work_id] = ItemState.DROPPED
+        if self._status.get(work_id) is not QueueState.DONE:
+            self._status[work_id] = QueueState.DROPPED
             self._queue.pop(work_id, None)
             self.dropped[work_id] = reason
 
     def remaining(self) -> int:
         return sum(
-            1 for status in self._status.values() if status in (ItemState.PENDING, ItemState.TAKEN)
+            1
+            for status in self._status.values()
+            if status in (QueueState.PENDING, QueueState.TAKEN)
         )
 
-    def status(self, work_id: str) -> str:
-        return self._status[work_id].value
+    def status(self, work_id: str) -> QueueState:
+        return self._status[work_id]
 
     @property
     def items(self) -> list[str]:
@@ -416,7 +419,7 @@ class FuzzWorkload:
         if work_id in self._status:
             return  # done already (a peer's item, rolled forward here)
         self._items[work_id] = _Item(work_id, seed.target, seed.object_id, seed.family, batch)
-        self._status[work_id] = ItemState.PENDING
+        self._status[work_id] = QueueState.PENDING
         self._queue[work_id] = None
         self._created += 1
 
@@ -425,9 +428,13 @@ class FuzzWorkload:
         leaves the items it alone discovered claimed in the store, where
         nobody else would finish them). Its seed is a bundled seed or a
         corpus entry on disk. Outside the budget: what the store holds must
-        be finished. False if the item is known here or not a fuzz item."""
+        be finished. True if it is queued here now or was unfinished here
+        already; False if it is finished here or not a fuzz item."""
+        known = self._status.get(work_id)
+        if known is not None:
+            return known in (QueueState.PENDING, QueueState.TAKEN)
         match = _ITEM_ID.fullmatch(work_id)
-        if work_id in self._status or match is None:
+        if match is None:
             return False
         target_name, prefix, batch = match.group(1), match.group(2), int(match.group(3))
         if target_name not in self._coverage:
@@ -493,6 +500,20 @@ class FuzzWorkload:
         counted = sum(board.attempts(proposal_id) for proposal_id in self._on_board)
         return counted, self._proposal_dispatches_sent
 
+    def problems(self) -> list[str]:
+        """Proposal attempts not conserved: an attempt counted for a
+        dispatch that never went out, or one that went out uncounted."""
+        if self._adapters is None:
+            return []
+        counted, sent = self.proposal_attempts()
+        return [] if counted == sent else [f"proposal attempts {counted} counted, {sent} sent"]
+
+    def figures(self) -> dict[str, int]:
+        if self._adapters is None:
+            return {}
+        counted, sent = self.proposal_attempts()
+        return {"proposal attempts counted": counted, "proposal attempts sent": sent}
+
     def proposal_states(self) -> Counter[ProposalState]:
         """This incarnation's proposals by state."""
         board = self.adapters.proposals
@@ -517,18 +538,12 @@ class FuzzWorkload:
 
 
 def _fencing_token(txn: Transaction, work_id: str) -> int:
-    # The coordinator tags a dispatch (work id, fencing token) before it asks
-    # the workload to reserve; triage is keyed by the same pair.
+    # The coordinator tags a dispatch with its DispatchTag (work id, fencing
+    # token) before it asks the workload to reserve; triage is keyed by both.
     tag = txn.tag
-    if (
-        isinstance(tag, tuple)
-        and len(tag) == 2
-        and tag[0] == work_id
-        and type(tag[1]) is int
-        and tag[1] >= 1
-    ):
-        return tag[1]
-    raise ValueError(f"dispatch {txn.id}: tag must be (work id, fencing token), got {tag!r}")
+    if isinstance(tag, DispatchTag) and tag.work_id == work_id and tag.token >= 1:
+        return tag.token
+    raise ValueError(f"dispatch {txn.id}: tag must be the DispatchTag of {work_id!r}, got {tag!r}")
 
 
 def _rng_seed_of(work_id: str) -> int:
