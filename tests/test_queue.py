@@ -42,3 +42,11 @@ def test_adding_an_id_twice_adds_nothing() -> None:
     assert queue.items() == ["a"] and queue.remaining() == 1
     with pytest.raises(KeyError):
         queue.state("b")
+
+
+def test_a_new_incarnation_gets_the_taken_items_back_in_order() -> None:
+    queue = WorkQueue(["a", "b", "c", "d"])
+    assert [queue.take(), queue.take(), queue.take()] == ["a", "b", "c"]
+    queue.done("b")
+    assert queue.give_back_taken() == 2
+    assert [queue.take(), queue.take(), queue.take(), queue.take()] == ["d", "a", "c", None]

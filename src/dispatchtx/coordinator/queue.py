@@ -69,6 +69,15 @@ class WorkQueue:
             self._state[work_id] = QueueState.PENDING
             self._order.append(work_id)
 
+    def give_back_taken(self) -> int:
+        """Every TAKEN item pending again, in the order added (a new
+        coordinator incarnation: the dispatches of the dead one died with
+        it); returns how many."""
+        taken = [w for w, state in self._state.items() if state is QueueState.TAKEN]
+        for work_id in taken:
+            self.give_back(work_id)
+        return len(taken)
+
     def done(self, work_id: str) -> bool:
         """Mark an unfinished item DONE; False (and no change) if it is
         unknown or already done or dropped."""

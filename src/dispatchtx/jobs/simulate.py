@@ -32,7 +32,6 @@ from typing import Any
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.audit import audit, unsettled_items
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
@@ -93,14 +92,6 @@ class ScheduleReport:
     counts: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     hosts: list[Host] = field(default_factory=list, repr=False)  # for debugging a schedule
-
-
-def _restart_state(workload: HashWorkload) -> None:
-    """A killed coordinator's memory is gone: what it had taken is pending
-    again for its next incarnation."""
-    for item in workload.items:
-        if workload.status(item) is QueueState.TAKEN:
-            workload.give_back(item)
 
 
 def _commit_batch(rng: random.Random) -> int:
@@ -274,9 +265,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     victim.dead_for_good = True
                     report.fired["killed-for-good"] += 1
                     continue
-                if isinstance(victim.workload, HashWorkload):
-                    _restart_state(victim.workload)
-                start(victim)
+                start(victim)  # the workload's attach offers its taken items again
         except Exception as error:  # a crash of the code under test is a violation
             report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
             break

@@ -16,11 +16,12 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dispatchtx import Transaction
+from dispatchtx import DispatchTables, Transaction
 from dispatchtx.coordinator.loop import Workload
 from dispatchtx.coordinator.queue import QueueState, WorkQueue
 from dispatchtx.fs import FS
 from dispatchtx.objects import object_id_of
+from dispatchtx.resources.dispatch_log import DispatchLog
 from dispatchtx.transport import Work
 
 __all__ = ["HashWorkload", "TriageLedger", "hash_task"]
@@ -102,6 +103,11 @@ class HashWorkload(Workload):
         self._results = results
 
     # -- the queue --------------------------------------------------------------
+
+    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None) -> None:
+        # A new coordinator incarnation: what the dead one had taken is
+        # pending again (its memory, and so its dispatches, are gone).
+        self._queue.give_back_taken()
 
     def take(self) -> str | None:
         return self._queue.take()
