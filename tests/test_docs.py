@@ -17,48 +17,15 @@ import shlex
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dispatchtx.launch import find_mpiexec
+from doc_blocks import DOCUMENTS, PROJECT, Block, blocks
 
-PROJECT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [PROJECT / "README.md", PROJECT / "docs" / "guide.md", PROJECT / "docs" / "design.md"]
 TIMEOUT = 120.0
-
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-_RUN = re.compile(r"<!-- run: (.*?) -->\s*$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-
-
-@dataclass(frozen=True)
-class Block:
-    document: Path
-    line: int
-    language: str
-    code: str
-    commands: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"{self.document.name}:{self.line}"
-
-
-def blocks(language: str) -> list[Block]:
-    found = []
-    for document in DOCUMENTS:
-        text = document.read_text()
-        for match in _FENCE.finditer(text):
-            if match.group(1) != language:
-                continue
-            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            marker = _RUN.search(before)
-            commands = tuple(marker.group(1).split(" ;; ")) if marker else ("python {file}",)
-            line = text.count("\n", 0, match.start()) + 1
-            found.append(Block(document, line, language, match.group(2), commands))
-    return found
 
 
 def _argv(command: str, file: Path, tmp: Path) -> list[str]:
