@@ -16,6 +16,7 @@ from dispatchtx.coordinator import Coordinator, CoordinatorConfig, DispatchTag, 
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.coordinator.queue import QueueState
 from dispatchtx.fs import (
+    DiskFaultPlan,
     Fault,
     FaultKind,
     FaultRule,
@@ -23,9 +24,6 @@ from dispatchtx.fs import (
     RealClock,
     RealFS,
     SimulatedFS,
-)
-from dispatchtx.fs import (
-    FaultPlan as DiskFaults,
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import ItemStatus, WorkStore, item_key
@@ -160,7 +158,7 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: st
 
 def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds() -> None:
     world = make_world(workers=2, items=2)
-    world.fs.fault = DiskFaults(
+    world.fs.fault = DiskFaultPlan(
         *(
             FaultRule(Fault(FaultKind.EIO), op=Op.LISTDIR, path_contains="/items", nth=n)
             for n in range(3)

@@ -29,10 +29,10 @@ from dispatchtx.fs import (
     Call,
     Clock,
     CrashKind,
+    DiskFaultPlan,
     Fault,
     FaultKind,
     FaultNotApplicable,
-    FaultPlan,
     FaultRule,
     FaultyFS,
     FiredFault,
@@ -52,9 +52,11 @@ from dispatchtx.fs import (
 # ---------------------------------------------------------------------------
 
 
-def only(fault: Fault, op: Op | None = None, nth: int | None = None, path: str = "") -> FaultPlan:
+def only(
+    fault: Fault, op: Op | None = None, nth: int | None = None, path: str = ""
+) -> DiskFaultPlan:
     """A plan with one rule."""
-    return FaultPlan(FaultRule(fault, op=op, nth=nth, path_contains=path))
+    return DiskFaultPlan(FaultRule(fault, op=op, nth=nth, path_contains=path))
 
 
 def publish(fs: FS, directory: str, name: str, data: bytes) -> bool:
@@ -686,7 +688,7 @@ def test_lost_link_reply_links_and_then_raises_file_exists(sim: SimulatedFS) -> 
 
 def test_stale_absent_hides_an_existing_file_from_read_and_exists(sim: SimulatedFS) -> None:
     sim.pwrite("/store/s.1", 0, b"claim")
-    sim.fault = FaultPlan(
+    sim.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ),
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.EXISTS),
     )
@@ -708,7 +710,7 @@ def test_estale_fails_the_call_without_effect(sim: SimulatedFS) -> None:
 
 def test_enospc_on_append_lands_a_prefix_then_raises(sim: SimulatedFS) -> None:
     handle = sim.open_append("/store/journal")
-    sim.fault = FaultPlan(
+    sim.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.ENOSPC, keep=3), op=Op.APPEND, nth=0),
         FaultRule(Fault(FaultKind.ENOSPC), op=Op.APPEND, nth=1),
     )
@@ -876,7 +878,7 @@ def test_fault_plan_without_nth_fires_at_every_matching_call_and_filters_paths(
 
 
 def test_fault_plan_counts_every_rule_and_the_first_firing_rule_wins(sim: SimulatedFS) -> None:
-    plan = FaultPlan(
+    plan = DiskFaultPlan(
         FaultRule(Fault(FaultKind.EIO), op=Op.EXISTS, nth=1),
         FaultRule(Fault(FaultKind.STALE_ABSENT), nth=1),  # any op where it can happen
     )
@@ -936,7 +938,7 @@ def test_a_kill_at_every_call_of_publish_never_leaves_a_partial_or_foreign_slot(
     assert all(sum(rule.matches(*call) for call in counting.log) == 4 for rule in rule_for)
     for rule in rule_for:
         fs = fresh()
-        fs.fault = FaultPlan(rule)
+        fs.fault = DiskFaultPlan(rule)
         with pytest.raises(SimulatedCrash):
             publish(fs, "/item", "s.1", b"the whole record")
         fs.crash(crash)
@@ -1059,7 +1061,7 @@ def test_faulty_enospc_and_short_write_land_a_prefix_on_the_real_disk(
 ) -> None:
     path = str(tmp_path / "journal")
     handle = faulty.open_append(path)
-    faulty.fault = FaultPlan(
+    faulty.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.ENOSPC, keep=3), op=Op.APPEND, nth=0),
         FaultRule(Fault(FaultKind.SHORT_WRITE, keep=1), op=Op.APPEND, nth=1),
         FaultRule(Fault(FaultKind.ENOSPC, keep=2), op=Op.PWRITE),
@@ -1093,7 +1095,7 @@ def test_faulty_eio_estale_and_stale_absent_do_not_reach_the_real_disk(
     path = str(tmp_path / "s.1")
     faulty.pwrite(path, 0, b"claim")
     handle = faulty.open_append(path)
-    faulty.fault = FaultPlan(
+    faulty.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC),
         FaultRule(Fault(FaultKind.ESTALE), op=Op.UNLINK),
         FaultRule(Fault(FaultKind.STALE_ABSENT)),
@@ -1148,8 +1150,8 @@ def test_faulty_fs_default_kill_is_a_real_sigkill(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import sys
-        from dispatchtx.fs import Fault, FaultKind, FaultPlan, FaultRule, FaultyFS, Op, RealFS
-        fs = FaultyFS(RealFS(), FaultPlan(FaultRule(Fault(FaultKind.KILL_AFTER), op=Op.APPEND)))
+        from dispatchtx.fs import Fault, FaultKind, DiskFaultPlan, FaultRule, FaultyFS, Op, RealFS
+        fs = FaultyFS(RealFS(), DiskFaultPlan(FaultRule(Fault(FaultKind.KILL_AFTER), op=Op.APPEND)))
         handle = fs.open_append(sys.argv[1])
         try:
             handle.append(b"written before the kill\\n")

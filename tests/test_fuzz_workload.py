@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.coordinator.queue import QueueState
-from dispatchtx.fs import Fault, FaultKind, FaultRule, Op, SimulatedFS
-from dispatchtx.fs import FaultPlan as DiskFaults
+from dispatchtx.fs import DiskFaultPlan, Fault, FaultKind, FaultRule, Op, SimulatedFS
 from dispatchtx.jobs.workloads import (
     STRATEGIES,
     TARGETS,
@@ -369,7 +368,7 @@ def test_disk_errors_in_the_campaign_directory_are_retried_to_a_consistent_end()
         FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=n, path_contains=CAMPAIGN)
         for n in (0, 3, 7)
     ] + [FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, nth=5, path_contains=CAMPAIGN)]
-    disk = SimulatedFS(seed=6, fault=DiskFaults(*rules))
+    disk = SimulatedFS(seed=6, fault=DiskFaultPlan(*rules))
     world = make_world(budget=12, seed=6, disk=disk)
     coordinator = world.coordinator()
     coordinator.run(max_steps=20_000)

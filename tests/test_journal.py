@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from dispatchtx.errors import DispatchError
 from dispatchtx.fs import (
     CrashKind,
+    DiskFaultPlan,
     Fault,
     FaultKind,
-    FaultPlan,
     FaultRule,
     Op,
     RealFS,
@@ -121,12 +121,12 @@ def is_prefix(short: Sequence[object], long: Sequence[object]) -> bool:
     return len(short) <= len(long) and list(long[: len(short)]) == list(short)
 
 
-def kill_at(op: Op, nth: int = 0, kind: FaultKind = FaultKind.KILL_BEFORE) -> FaultPlan:
-    return FaultPlan(FaultRule(Fault(kind), op=op, nth=nth))
+def kill_at(op: Op, nth: int = 0, kind: FaultKind = FaultKind.KILL_BEFORE) -> DiskFaultPlan:
+    return DiskFaultPlan(FaultRule(Fault(kind), op=op, nth=nth))
 
 
-def fail_at(op: Op, fault: Fault, nth: int = 0) -> FaultPlan:
-    return FaultPlan(FaultRule(fault, op=op, nth=nth))
+def fail_at(op: Op, fault: Fault, nth: int = 0) -> DiskFaultPlan:
+    return DiskFaultPlan(FaultRule(fault, op=op, nth=nth))
 
 
 # -- records: one write each, a sequence number and a checksum ---------------
@@ -236,7 +236,7 @@ def test_failed_append_that_cannot_be_cut_back_poisons_then_rewrites() -> None:
     fs = new_fs()
     journal = open_journal(fs)
     journal.append(put(1))
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.ENOSPC, keep=9), op=Op.APPEND, nth=0),
         FaultRule(Fault(FaultKind.EIO), op=Op.TRUNCATE, nth=0),
     )
@@ -786,7 +786,7 @@ def test_a_fault_at_every_call_of_opening_loses_nothing() -> None:
         for kind in (FaultKind.EIO, FaultKind.KILL_BEFORE, FaultKind.KILL_AFTER):
             for crash in (CrashKind.PROCESS, CrashKind.POWER):
                 fs = prepared()
-                fs.fault = FaultPlan(FaultRule(Fault(kind), nth=nth))
+                fs.fault = DiskFaultPlan(FaultRule(Fault(kind), nth=nth))
                 with pytest.raises((OSError, SimulatedCrash)):
                     open_journal(fs)
                 fs.fault = None
@@ -868,7 +868,7 @@ def perform(journal: Journal[State], step: Step, applied: list[JSONValue]) -> No
                 applied.append(value)
 
 
-def started(policy: FsyncPolicy, plan: FaultPlan | None) -> tuple[SimulatedFS, Journal[State]]:
+def started(policy: FsyncPolicy, plan: DiskFaultPlan | None) -> tuple[SimulatedFS, Journal[State]]:
     fs = new_fs()
     journal = open_journal(fs, policy, COMPACT_EVERY)
     fs.fault = plan  # faults only in the workload, after opening
@@ -906,7 +906,7 @@ def test_a_kill_at_every_fs_call_never_advances_memory_past_disk(policy: FsyncPo
     assert len(rules) > 20  # the workload really reaches append, fsync and compaction
     for rule in rules:
         for crash, tail in crashes:
-            plan = FaultPlan(rule)
+            plan = DiskFaultPlan(rule)
             fs, journal = started(policy, plan)
             floor: State = []  # what must survive a power loss
             for step in WORKLOADS[policy]:
@@ -948,7 +948,7 @@ def test_an_io_error_at_every_fs_call_leaves_memory_and_disk_consistent(
         Fault(FaultKind.ESTALE),
     ]
     for rule in fault_points(policy, errors):
-        plan = FaultPlan(rule)
+        plan = DiskFaultPlan(rule)
         fs, journal = started(policy, plan)
         failures = 0
         for step in WORKLOADS[policy]:

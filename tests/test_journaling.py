@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from dispatchtx import CompensationError, DispatchTables, Phase, Transaction
 from dispatchtx.fs import (
     CrashKind,
+    DiskFaultPlan,
     Fault,
     FaultKind,
-    FaultPlan,
     FaultRule,
     Op,
     SimulatedCrash,
@@ -77,8 +77,8 @@ def new_fs() -> SimulatedFS:
     return fs
 
 
-def fail_at(op: Op, fault: Fault, nth: int | None = 0) -> FaultPlan:
-    return FaultPlan(FaultRule(fault, op=op, nth=nth))
+def fail_at(op: Op, fault: Fault, nth: int | None = 0) -> DiskFaultPlan:
+    return DiskFaultPlan(FaultRule(fault, op=op, nth=nth))
 
 
 EIO = Fault(FaultKind.EIO)
@@ -406,7 +406,7 @@ def test_a_release_whose_append_fails_is_released_in_memory_and_the_file_rewritt
     txn = c.tables.prepare(0)
     c.reserve(txn)
     # The disk is unwritable: every append and every rewrite fails.
-    fs.fault = FaultPlan(FaultRule(EIO, op=Op.APPEND), FaultRule(ENOSPC, op=Op.WRITE_TEMP))
+    fs.fault = DiskFaultPlan(FaultRule(EIO, op=Op.APPEND), FaultRule(ENOSPC, op=Op.WRITE_TEMP))
     failures = c.tables.abort(txn.id)
     assert len(failures) == 7
     for failure in failures:
@@ -472,7 +472,7 @@ def test_close_of_an_out_of_step_journal_that_cannot_rewrite_raises_and_stays_op
     c.open(fs)
     txn = c.tables.prepare(0)
     c.targets.reserve(txn, "fuzz")
-    fs.fault = FaultPlan(FaultRule(EIO, op=Op.APPEND), FaultRule(ENOSPC, op=Op.WRITE_TEMP))
+    fs.fault = DiskFaultPlan(FaultRule(EIO, op=Op.APPEND), FaultRule(ENOSPC, op=Op.WRITE_TEMP))
     c.tables.abort(txn.id)
     with pytest.raises(OSError):
         c.journal.close()
@@ -510,7 +510,7 @@ def test_a_release_on_commit_whose_append_fails_is_raised_after_commit_and_still
     dispatch_id = c.dispatch(0)
     assert dispatch_id is not None
     # The triage records go through; then the dispatch log's `done` fails.
-    fs.fault = FaultPlan(FaultRule(EIO, op=Op.APPEND, nth=4))
+    fs.fault = DiskFaultPlan(FaultRule(EIO, op=Op.APPEND, nth=4))
     with pytest.raises(CompensationError) as raised:
         c.triage(dispatch_id, 1.0)
     (failure,) = raised.value.failures
@@ -719,7 +719,7 @@ def test_a_fault_at_every_call_of_opening_leaves_the_adapters_as_built_or_opened
         for nth in range(calls):
             for kind in (FaultKind.EIO, FaultKind.KILL_BEFORE, FaultKind.KILL_AFTER):
                 fs = copy.deepcopy(base)
-                fs.fault = FaultPlan(FaultRule(Fault(kind), nth=nth))
+                fs.fault = DiskFaultPlan(FaultRule(Fault(kind), nth=nth))
                 c = Coordinator()
                 built = c.state()
                 where = f"existing={existing} {fs.fault}"
@@ -1172,7 +1172,7 @@ def test_a_kill_at_every_fs_call_rebuilds_the_state_before_or_after_the_interrup
         durable = 0  # events that a power loss cannot take away
         with watching(c.adapters, applied):
             c.open(fs, policy, COMPACT_EVERY)
-            fs.fault = FaultPlan(rule)
+            fs.fault = DiskFaultPlan(rule)
             ids: Ids = {}
             try:
                 for scenario_step in SCENARIO:
@@ -1208,7 +1208,7 @@ def test_an_io_error_at_every_fs_call_keeps_memory_no_further_than_the_disk(
     rules = fault_rules(policy, EIO) + fault_rules(policy, ENOSPC, (Op.APPEND, Op.WRITE_TEMP))
     assert len(rules) > 100
     for rule in rules:
-        plan = FaultPlan(rule)
+        plan = DiskFaultPlan(rule)
         fs = new_fs()
         c = Coordinator()
         c.open(fs, policy, COMPACT_EVERY)

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from dispatchtx.errors import DispatchError
 from dispatchtx.fs import (
+    DiskFaultPlan,
     Fault,
     FaultKind,
-    FaultPlan,
     FaultRule,
     FaultyFS,
     Op,
@@ -130,7 +130,7 @@ def test_put_after_a_peer_died_before_its_fsync_makes_the_object_durable() -> No
     fs = SimulatedFS()
     content = b"linked by a peer, never fsynced"
     # The peer dies right after its link: the name is volatile only.
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.KILL_AFTER), op=Op.LINK))
+    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.KILL_AFTER), op=Op.LINK))
     with pytest.raises(SimulatedCrash):
         ObjectStore(fs, ROOT).put(content)
     fs.crash("process")
@@ -157,7 +157,7 @@ def test_a_kill_at_every_call_of_put_leaves_the_object_whole_or_absent(
     object_id = object_id_of(content)
     for nth in range(_put_calls(content)):
         fs = SimulatedFS(seed=nth)
-        fs.fault = FaultPlan(FaultRule(Fault(kill), nth=nth))
+        fs.fault = DiskFaultPlan(FaultRule(Fault(kill), nth=nth))
         with pytest.raises(SimulatedCrash):
             ObjectStore(fs, ROOT).put(content)
         fs.crash(crash)
@@ -173,7 +173,7 @@ def test_a_kill_at_every_call_of_put_leaves_the_object_whole_or_absent(
 
 def test_eio_on_link_is_retried() -> None:
     fs = SimulatedFS()
-    plan = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0))
+    plan = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0))
     fs.fault = plan
     objects = ObjectStore(fs, ROOT)
     object_id = objects.put(b"retried")
@@ -182,14 +182,14 @@ def test_eio_on_link_is_retried() -> None:
 
 
 def test_lost_link_reply_is_fine() -> None:
-    fs = FaultyFS(SimulatedFS(), FaultPlan(FaultRule(Fault(FaultKind.LOST_LINK_REPLY))))
+    fs = FaultyFS(SimulatedFS(), DiskFaultPlan(FaultRule(Fault(FaultKind.LOST_LINK_REPLY))))
     objects = ObjectStore(fs, ROOT)
     assert objects.get(objects.put(b"lost reply")) == b"lost reply"
 
 
 def test_enospc_on_write_is_a_store_io_error() -> None:
     fs = SimulatedFS()
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.ENOSPC), op=Op.WRITE_TEMP))
+    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.ENOSPC), op=Op.WRITE_TEMP))
     objects = ObjectStore(fs, ROOT)
     with pytest.raises(StoreIOError, match="No space") as caught:
         objects.put(b"does not fit")
@@ -199,7 +199,7 @@ def test_enospc_on_write_is_a_store_io_error() -> None:
 
 def test_a_persistent_link_failure_gives_up_with_a_store_io_error() -> None:
     fs = SimulatedFS()
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK))
+    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK))
     with pytest.raises(StoreIOError, match="linking"):
         ObjectStore(fs, ROOT).put(b"never")
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from dispatchtx.errors import DispatchError
 from dispatchtx.fs import (
+    DiskFaultPlan,
     Fault,
     FaultKind,
-    FaultPlan,
     FaultRule,
     FaultyFS,
     Op,
@@ -470,7 +470,9 @@ def test_a_mark_stays_until_its_item_is_final(fs: SimulatedFS, clock: SimulatedC
     assert owner.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
     # The owner dies after `done` but before removing the mark: the next
     # look finds the item final and removes it.
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.UNLINK, path_contains="committing"))
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.EIO), op=Op.UNLINK, path_contains="committing")
+    )
     assert owner.complete(WORK, token) is CompleteOutcome.COMPLETED
     fs.fault = None
     assert fs.listdir(f"{ROOT}/committing") == [item_key(WORK)]
@@ -501,7 +503,7 @@ def test_a_claim_that_finds_a_commit_marks_it_again(fs: SimulatedFS, clock: Simu
     peer = make_store(fs, clock, "peer")
     # The peer's full look reads the commit slot as absent (a stale look-up):
     # it sees a claim, and marks nothing.
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="s.0000000002")
     )
     assert peer.roll_forward_candidates(full=True) == []
@@ -555,7 +557,7 @@ def test_a_power_loss_inside_a_batch_loses_what_it_published(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:
     store = make_store(fs, clock, "coord")
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains=item_key(WORK))
     )
     with pytest.raises(SimulatedCrash), store.batch():
@@ -573,7 +575,9 @@ def test_a_failed_batch_fsync_leaves_the_commit_to_be_settled_by_a_retry(
     store = make_store(fs, clock, "coord")
     token = store.claim(WORK)
     assert token is not None
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items"))
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items")
+    )
     with pytest.raises(OutcomeUnknown), store.batch():
         assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
     assert not fs.durable_exists(slot_path(WORK, 2))
@@ -587,7 +591,9 @@ def test_after_a_failed_batch_the_next_fsync_of_its_directory_settles_it(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:
     store = make_store(fs, clock, "coord")
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items/"))
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items/")
+    )
     with pytest.raises(OutcomeUnknown), store.batch():
         assert store.claim(WORK) == 1  # slot 0 and the claim, neither durable
     fs.fault = None
@@ -637,7 +643,7 @@ def test_register_publishes_the_next_incarnation(fs: SimulatedFS, clock: Simulat
 def test_register_survives_a_stale_listing_and_a_lost_reply(clock: SimulatedClock) -> None:
     inner = SimulatedFS()
     make_store(inner, clock, "coord")  # incarnation 1 exists
-    plan = FaultPlan(
+    plan = DiskFaultPlan(
         FaultRule(Fault(FaultKind.LOST_LINK_REPLY), op=Op.LINK, path_contains="coord.2"),
     )
     fs = FaultyFS(inner, plan)
@@ -795,8 +801,8 @@ def test_items_by_status(fs: SimulatedFS, clock: SimulatedClock) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _lost_reply_at(slot: int) -> FaultPlan:
-    return FaultPlan(
+def _lost_reply_at(slot: int) -> DiskFaultPlan:
+    return DiskFaultPlan(
         FaultRule(Fault(FaultKind.LOST_LINK_REPLY), op=Op.LINK, path_contains=f"s.{slot:010d}")
     )
 
@@ -829,11 +835,11 @@ def test_a_lost_reply_on_the_simulated_disk_too(fs: SimulatedFS, clock: Simulate
 
 def test_eio_on_link_is_retried(fs: SimulatedFS, clock: SimulatedClock) -> None:
     store = make_store(fs, clock, "coord")
-    plan = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0, path_contains="/s."))
+    plan = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0, path_contains="/s."))
     fs.fault = plan
     assert store.claim(WORK) == 1
     assert len(plan.fired) == 1
-    plan = FaultPlan(
+    plan = DiskFaultPlan(
         FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0, path_contains="s.0000000002"),
         FaultRule(Fault(FaultKind.ESTALE), op=Op.LINK, nth=1, path_contains="s.0000000002"),
     )
@@ -850,7 +856,7 @@ def test_an_unknown_commit_outcome_is_resolved_by_a_later_call(
     assert token is not None
     key = item_key(WORK)
     # The link lands, but the directory never becomes durable: unknown.
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains=key))
+    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains=key))
     with pytest.raises(OutcomeUnknown, match="begin_commit"):
         store.begin_commit(WORK, token, RESULT)
     assert not fs.durable_exists(slot_path(WORK, 2))
@@ -868,7 +874,7 @@ def test_an_unknown_claim_outcome_is_resolved_by_a_later_claim(
 ) -> None:
     store = make_store(fs, clock, "coord")
     store.claim("warm-up")  # directories exist
-    plan = FaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, path_contains="s.0000000001"))
+    plan = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, path_contains="s.0000000001"))
     fs.fault = plan
     with pytest.raises(OutcomeUnknown, match="claim"):
         store.claim(WORK)
@@ -876,7 +882,7 @@ def test_an_unknown_claim_outcome_is_resolved_by_a_later_claim(
     fs.fault = None
     assert store.claim(WORK) == 1
     # A fsync failure after a landed link: the claim is reported only once durable.
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains=item_key("other"), nth=1)
     )
     # nth=0 is the directory of slot 0; nth=1 the claim's fsync: retried, then fine.
@@ -888,7 +894,7 @@ def test_enospc_before_any_link_is_a_plain_io_error(fs: SimulatedFS, clock: Simu
     store = make_store(fs, clock, "coord")
     token = store.claim(WORK)
     assert token is not None
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.ENOSPC), op=Op.WRITE_TEMP))
+    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.ENOSPC), op=Op.WRITE_TEMP))
     with pytest.raises(StoreIOError, match="No space"):
         store.begin_commit(WORK, token, RESULT)
     fs.fault = None
@@ -901,7 +907,7 @@ def test_a_stale_absent_never_issues_a_token_twice(fs: SimulatedFS, clock: Simul
     late = make_store(fs, clock, "late")
     assert holder.claim(WORK) == 1
     # The late coordinator's look-ups of slot 1 say "absent" (a cached negative look-up).
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="s.0000000001", nth=0),
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="s.0000000001", nth=1),
     )
@@ -947,7 +953,7 @@ def test_a_kill_at_every_call_never_issues_a_token_twice_nor_loses_a_commit(
         fs = SimulatedFS(seed=nth)
         clock = SimulatedClock()
         first = make_store(fs, clock, "coord")
-        plan = FaultPlan(FaultRule(Fault(kill), nth=nth))
+        plan = DiskFaultPlan(FaultRule(Fault(kill), nth=nth))
         fs.fault = plan
         progress: dict[str, int] = {}
         with pytest.raises(SimulatedCrash):
@@ -1275,7 +1281,7 @@ def test_a_missing_first_record_is_retried_then_corrupt(
     store = make_store(fs, clock, "coord")
     assert store.claim(WORK) == 1
     # A stale "absent" for slot 0 is read again: slot 1 proves slot 0 exists.
-    fs.fault = FaultPlan(
+    fs.fault = DiskFaultPlan(
         FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="s.0000000000", nth=0)
     )
     assert make_store(fs, clock).read(WORK).status is ItemStatus.CLAIMED
@@ -1522,7 +1528,9 @@ def test_a_stale_absent_heartbeat_read_does_not_restart_the_watch(
     claimer = make_store(fs, clock, "claimer")
     assert holder.claim(WORK) == 1
     assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # the watch starts
-    fs.fault = FaultPlan(FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="/hb."))
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="/hb.")
+    )
     clock.advance(EXPIRY / 2)
     assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # reads "absent": no beat
     fs.fault = None
