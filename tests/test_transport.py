@@ -24,7 +24,6 @@ from dispatchtx.launch import kill_job, run_job, start_job
 from dispatchtx.transport import (
     SIM_FAULTS,
     MalformedMessage,
-    ObjectCache,
     Result,
     SendFailed,
     SendHandle,
@@ -36,6 +35,7 @@ from dispatchtx.transport import (
     UnencodableMessage,
     UnknownWorker,
     Work,
+    WorkerObjects,
     decode,
     decode_result,
     decode_work,
@@ -294,7 +294,7 @@ def _object_task(work: Work, objects: Mapping[str, bytes]) -> bytes:
 
 
 def test_run_task_keeps_objects_and_answers_with_cpu_time() -> None:
-    cache = ObjectCache()
+    cache = WorkerObjects()
     ticks = iter([10.0, 10.75, 20.0, 20.5])
     first = run_task(
         Work(1, "i1", 7, OBJECT_ID, {OBJECT_ID: b"abc"}),
@@ -312,7 +312,7 @@ def test_run_task_keeps_objects_and_answers_with_cpu_time() -> None:
 
 
 def test_run_task_answers_a_failing_task_with_its_error() -> None:
-    cache = ObjectCache()
+    cache = WorkerObjects()
     missing = run_task(Work(1, "i", 2, OBJECT_ID, {}), cache, _object_task)
     assert missing.result == b"" and missing.error.startswith("KeyError")
     assert not missing.ok and missing.cpu_seconds >= 0.0
@@ -330,7 +330,7 @@ def test_the_task_sees_a_read_only_cache() -> None:
         objects[OBJECT_ID] = b"overwritten"  # type: ignore[index]
         return b""
 
-    cache = ObjectCache()
+    cache = WorkerObjects()
     result = run_task(Work(1, "i", 1, None, {OBJECT_ID: b"kept"}), cache, vandal)
     assert result.error.startswith("TypeError")
     assert cache.view[OBJECT_ID] == b"kept"
@@ -701,7 +701,9 @@ def test_closed_and_misused_simulator_raise_clear_errors() -> None:
 
 
 def _run_self_test(ranks: int, report: Path, *args: str) -> dict[str, object]:
-    code = run_job(ranks, "dispatchtx.transport", ["--report", str(report), *args], timeout=60.0)
+    code = run_job(
+        ranks, "dispatchtx.jobs.transport_selftest", ["--report", str(report), *args], timeout=60.0
+    )
     assert code != 124, "the MPI job hung and was killed"
     assert report.exists(), f"the job exited {code} without a report"
     loaded: dict[str, object] = json.loads(report.read_text())
@@ -770,7 +772,7 @@ def test_mpi_hung_worker_is_found_by_deadline_and_its_work_redone(job_report: Pa
     # the job's process group.
     job = start_job(
         3,
-        "dispatchtx.transport",
+        "dispatchtx.jobs.transport_selftest",
         [
             "--round-trips",
             "120",

@@ -1,0 +1,315 @@
+"""`MPITransport`: the coordinator's side over rank 0 of any `MPI.Comm`.
+
+Raw byte buffers (`Send`/`Recv`, never pickle), polls with a bounded
+exponential back-off so that idle or oversubscribed ranks do not burn CPU,
+and never blocks a send against a peer that is itself sending.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Final, final
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+from dispatchtx.transport.interface import (
+    DEFAULT_RESULT_TAG,
+    DEFAULT_STOP_TAG,
+    DEFAULT_WORK_TAG,
+    SendHandle,
+    _Backoff,
+    _check_timeout,
+)
+from dispatchtx.transport.messages import (
+    _STOP_BYTES,
+    MalformedMessage,
+    Result,
+    SendFailed,
+    SendTimeout,
+    TransportClosed,
+    TransportError,
+    UnknownWorker,
+    Work,
+    _encode_work,
+    decode_result,
+)
+
+__all__ = ["MPITransport"]
+
+
+# --------------------------------------------------------------------------
+# MPI
+
+
+@final
+class _MPISend(SendHandle):
+    # The buffer stays referenced until the request completes: MPI reads it
+    # in the background.
+    __slots__ = ("request", "buffer")
+
+    def __init__(
+        self, owner: object, worker: int, dispatch_id: int, request: MPI.Request, buffer: bytes
+    ) -> None:
+        super().__init__(owner, worker, dispatch_id)
+        self.request = request
+        self.buffer = buffer
+
+
+# Sends still in progress when their transport was closed (a hung worker
+# never receives): their buffers must outlive the transport object.
+_ABANDONED_SENDS: list[tuple[MPI.Request, bytes]] = []
+
+
+_MPI_STATS: Final = (
+    "sent",
+    "send_failed",
+    "send_timeout",
+    "isent",
+    "isend_failed",
+    "received",
+    "malformed",
+    "foreign_source",
+    "drained_during_send",
+    "stop_sent",
+    "stop_failed",
+)
+
+
+@final
+class MPITransport:
+    """The coordinator's end over MPI, on rank 0 of `comm` (any communicator).
+
+    Worker i is rank i+1. Messages are raw byte buffers (`Isend`/`Improbe`/
+    `Mrecv`), so no pickle runs on received data. `send` is an `Isend`
+    completed with back-off while results keep being drained: a worker
+    blocked sending a large result never deadlocks against it; with
+    `send_timeout` set, a send that a hung worker never receives raises
+    `SendTimeout` instead of blocking forever."""
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        *,
+        work_tag: int = DEFAULT_WORK_TAG,
+        result_tag: int = DEFAULT_RESULT_TAG,
+        stop_tag: int = DEFAULT_STOP_TAG,
+        send_timeout: float | None = None,
+        stop_timeout: float = 1.0,
+        max_batch: int = 4096,
+    ) -> None:
+        from mpi4py import MPI
+
+        if len({work_tag, result_tag, stop_tag}) != 3 or min(work_tag, result_tag, stop_tag) < 0:
+            raise ValueError(
+                f"tags must be distinct and >= 0: work={work_tag}, "
+                f"result={result_tag}, stop={stop_tag}"
+            )
+        if send_timeout is not None:
+            _check_timeout(send_timeout)
+        _check_timeout(stop_timeout)
+        if comm.Get_rank() != 0:
+            raise ValueError("MPITransport runs on rank 0, the coordinator; workers run run_worker")
+        if comm.Get_size() < 2:
+            raise ValueError("the communicator has no worker rank (size 1)")
+        self._comm = comm
+        self._n_workers = comm.Get_size() - 1
+        self._work_tag = work_tag
+        self._result_tag = result_tag
+        self._stop_tag = stop_tag
+        self._send_timeout = send_timeout
+        self._stop_timeout = stop_timeout
+        self._max_batch = max_batch
+        self._mpi_error: type[Exception] = MPI.Exception
+        self._byte = MPI.BYTE
+        self._any_source = MPI.ANY_SOURCE
+        self._status = MPI.Status()
+        self._inbox: deque[tuple[int, Result | bytes]] = deque()
+        self._orphans: list[tuple[MPI.Request, bytes]] = []
+        self._stopped = False
+        self._closed = False
+        self._stats: dict[str, int] = dict.fromkeys(_MPI_STATS, 0)
+
+    @property
+    def n_workers(self) -> int:
+        return self._n_workers
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._stats
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def take_lost_workers(self) -> list[int]:
+        # A rank that dies takes the job down under MPICH; one that hangs is
+        # indistinguishable from a slow one here: the coordinator's deadline
+        # decides.
+        return []
+
+    def _rank(self, worker: int, dispatch_id: int) -> int:
+        if self._closed:
+            raise SendFailed(worker, dispatch_id, "the transport is closed")
+        if not 0 <= worker < self._n_workers:
+            raise UnknownWorker(f"worker {worker} is not in 0..{self._n_workers - 1}")
+        return worker + 1
+
+    def _start_send(self, worker: int, work: Work) -> tuple[MPI.Request, bytes]:
+        rank = self._rank(worker, work.dispatch_id)
+        data = _encode_work(work)
+        try:
+            return self._comm.Isend(data, rank, self._work_tag), data
+        except self._mpi_error as exc:
+            raise SendFailed(worker, work.dispatch_id, f"Isend: {exc}") from exc
+
+    def send(self, worker: int, work: Work) -> None:
+        try:
+            request, data = self._start_send(worker, work)
+        except SendFailed:
+            self._stats["send_failed"] += 1
+            raise
+        deadline = None if self._send_timeout is None else time.monotonic() + self._send_timeout
+        backoff = _Backoff()
+        while True:
+            try:
+                if request.Test():
+                    self._stats["sent"] += 1
+                    return
+            except self._mpi_error as exc:
+                self._stats["send_failed"] += 1
+                raise SendFailed(worker, work.dispatch_id, f"completing the send: {exc}") from exc
+            # A large message waits for the worker to post its receive;
+            # meanwhile take in results, so a worker blocked sending one
+            # cannot deadlock against this send.
+            before = len(self._inbox)
+            self._drain()
+            if len(self._inbox) > before:
+                self._stats["drained_during_send"] += len(self._inbox) - before
+                backoff.reset()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._orphans.append((request, data))
+                self._stats["send_timeout"] += 1
+                raise SendTimeout(
+                    worker,
+                    work.dispatch_id,
+                    f"not received within {self._send_timeout} s (the worker may be hung)",
+                )
+            backoff.sleep()
+
+    def isend(self, worker: int, work: Work) -> SendHandle:
+        try:
+            request, data = self._start_send(worker, work)
+        except SendFailed:
+            self._stats["isend_failed"] += 1
+            raise
+        self._stats["isent"] += 1
+        return _MPISend(self, worker, work.dispatch_id, request, data)
+
+    def test(self, handle: SendHandle) -> bool:
+        if not isinstance(handle, _MPISend) or handle._owner is not self:
+            raise ValueError(f"{handle!r} is not a send of this transport")
+        if handle._error is not None:
+            raise handle._error
+        if handle._done:
+            return True
+        try:
+            done = handle.request.Test()
+        except self._mpi_error as exc:
+            handle._error = SendFailed(
+                handle.worker, handle.dispatch_id, f"completing the send: {exc}"
+            )
+            handle.buffer = b""
+            self._stats["isend_failed"] += 1
+            raise handle._error from exc
+        if done:
+            handle._done = True
+            handle.buffer = b""
+        return done
+
+    def _drain(self) -> None:
+        """Receive every result waiting now (up to `max_batch`) into the inbox."""
+        comm, status, byte = self._comm, self._status, self._byte
+        for _ in range(self._max_batch):
+            try:
+                message = comm.Improbe(self._any_source, self._result_tag, status)
+                if message is None:
+                    return
+                buffer = bytearray(status.Get_count(byte))
+                message.Recv(buffer)
+            except self._mpi_error as exc:
+                raise TransportError(f"receiving a result: {exc}") from exc
+            self._stats["received"] += 1
+            worker = status.Get_source() - 1
+            if worker < 0:
+                self._stats["foreign_source"] += 1  # rank 0 sent to itself
+                continue
+            data = bytes(buffer)
+            try:
+                self._inbox.append((worker, decode_result(data)))
+            except MalformedMessage:
+                self._stats["malformed"] += 1
+                self._inbox.append((worker, data))
+
+    def poll(self, timeout: float) -> list[tuple[int, Result | bytes]]:
+        if self._closed:
+            raise TransportClosed("poll on a closed MPITransport")
+        _check_timeout(timeout)
+        if self._orphans:
+            self._orphans = [pair for pair in self._orphans if not _finished(pair[0])]
+        deadline = time.monotonic() + timeout
+        backoff = _Backoff()
+        while True:
+            self._drain()
+            if self._inbox:
+                arrived = list(self._inbox)
+                self._inbox.clear()
+                return arrived
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.0:
+                return []
+            backoff.sleep(remaining)
+
+    def stop_workers(self) -> None:
+        """Send Stop to every worker (once); waits up to `stop_timeout` for the
+        sends to leave, and leaves behind the ones a hung worker never takes."""
+        if self._stopped or self._closed:
+            return
+        self._stopped = True
+        pending: list[tuple[MPI.Request, bytes]] = []
+        for rank in range(1, self._n_workers + 1):
+            try:
+                pending.append((self._comm.Isend(_STOP_BYTES, rank, self._stop_tag), _STOP_BYTES))
+                self._stats["stop_sent"] += 1
+            except self._mpi_error:
+                self._stats["stop_failed"] += 1
+        deadline = time.monotonic() + self._stop_timeout
+        backoff = _Backoff()
+        while pending and time.monotonic() < deadline:
+            pending = [pair for pair in pending if not _finished(pair[0])]
+            if pending:
+                backoff.sleep()
+        self._orphans += pending
+
+    def close(self) -> None:
+        """Forget the transport; the communicator stays the caller's."""
+        if self._closed:
+            return
+        self._closed = True
+        _ABANDONED_SENDS.extend(pair for pair in self._orphans if not _finished(pair[0]))
+        self._orphans = []
+        self._inbox.clear()
+
+    def __enter__(self) -> MPITransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _finished(request: MPI.Request) -> bool:
+    """Done, or failed: either way nothing more will happen to it."""
+    try:
+        return request.Test()
+    except Exception:
+        return True
