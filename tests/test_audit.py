@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dispatchtx import DispatchTables
-from dispatchtx.coordinator import Coordinator, CoordinatorConfig, Workload
+from dispatchtx.coordinator import Coordinator, CoordinatorConfig, DispatchTag, Workload
 from dispatchtx.coordinator.audit import RunAudit, audit, unsettled_items
 from dispatchtx.fs import SimulatedClock, SimulatedFS
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
@@ -21,9 +21,9 @@ from dispatchtx.transport import SimulatedTransport
 class Holding(HashWorkload):
     """A workload whose adapter keeps one reservation and breaks one rule."""
 
-    attached: list[DispatchTables]
+    attached: list[DispatchTables[DispatchTag]]
 
-    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None) -> None:
+    def attach(self, tables: DispatchTables[DispatchTag], dispatch_log: DispatchLog | None) -> None:
         self.attached = [*getattr(self, "attached", []), tables]
 
     def leaks(self) -> list[Leak]:

@@ -194,9 +194,8 @@ def test_an_error_in_one_fence_of_a_group_leaves_the_others_carried_on() -> None
     # The result fenced before the error was carried on: committed, not left ACTIVE.
     assert coordinator.stats["committed"] == 1
     for txn in coordinator.tables.in_flight():
-        tag: tuple[str, int] = txn.tag  # type: ignore[assignment]  # (work id, token)
         if txn.phase.name == "ACTIVE":  # only ever a dispatch whose item is still just claimed
-            assert coordinator.store.read(tag[0]).status is ItemStatus.CLAIMED
+            assert coordinator.store.read(txn.tag.work_id).status is ItemStatus.CLAIMED
     coordinator.run(max_steps=10_000)  # the failed one is redone after its deadline
     assert_clean_end(world, coordinator)
 

@@ -24,6 +24,7 @@ import operator
 from types import GenericAlias
 
 from dispatchtx.errors import (
+    MOVES,
     CompensationFailure,
     IllegalMove,
     Phase,
@@ -47,6 +48,22 @@ cdef enum:
     BEFORE = 0
     AFTER = 1
     ON_COMMIT = 2
+
+# Which move is legal from which phase, and where it leaves the dispatch:
+# C ints taken at import from the one table in dispatchtx.errors, so that the
+# hot path compares ints.
+cdef int SENT_FROM = MOVES["sent"].source
+cdef int SENT_TO = MOVES["sent"].target
+cdef int ABORT_FROM = MOVES["abort"].source
+cdef int FENCE_PASSED_FROM = MOVES["fence_passed"].source
+cdef int FENCE_PASSED_TO = MOVES["fence_passed"].target
+cdef int FINISHED_FROM = MOVES["finished"].source
+cdef int FINISHED_TO = MOVES["finished"].target
+cdef int FENCED_OUT_FROM = MOVES["fenced_out"].source
+# abort, fenced_out and the sweeps share one roll-back: one target.
+cdef int ROLLED_BACK_TO = MOVES["abort"].target
+if MOVES["fenced_out"].target != ROLLED_BACK_TO:
+    raise ImportError("dispatchtx.errors.MOVES: abort and fenced_out must end alike")
 
 cdef tuple _PHASES = (
     Phase.PREPARING, Phase.ACTIVE, Phase.COMMITTING, Phase.COMMITTED, Phase.ROLLED_BACK
@@ -116,6 +133,9 @@ cdef class Transaction:
     cdef Transaction _w_next
     cdef Transaction _s_prev
     cdef Transaction _s_next
+
+    # Generic in the type of its tag, for type checkers: Transaction[T].
+    __class_getitem__ = classmethod(GenericAlias)
 
     def __init__(self, *args, **kwargs):
         raise TypeError("transactions are made by DispatchTables.prepare")
@@ -352,6 +372,9 @@ cdef class DispatchTables:
     cdef double _last_now
     cdef Py_ssize_t _stack_size  # the last sent dispatch's, for the next one's stack
 
+    # Generic in the type of its tag, for type checkers: DispatchTables[T].
+    __class_getitem__ = classmethod(GenericAlias)
+
     def __cinit__(self, n_workers, *, max_in_flight=1, first_id=0):
         self._occupied = NULL
 
@@ -495,12 +518,12 @@ cdef class DispatchTables:
         earlier one is taken as the latest seen."""
         if now != now:
             raise ValueError("a time must not be NaN")
-        cdef Transaction txn = self._find(dispatch_id, PREPARING, "sent")
+        cdef Transaction txn = self._find(dispatch_id, SENT_FROM, "sent")
         if now < self._last_now:
             now = self._last_now
         else:
             self._last_now = now
-        txn._phase = ACTIVE
+        txn._phase = SENT_TO
         txn._was_sent = True
         txn._sent_at = now
         self._stack_size = min(txn._n, _MAX_STACK_SIZE)
@@ -526,7 +549,7 @@ cdef class DispatchTables:
     @cython.embedsignature.format("clinic")
     def abort(self, dispatch_id):
         """Never sent: run the before-send undos in reverse (D3)."""
-        cdef Transaction txn = self._find(dispatch_id, PREPARING, "abort")
+        cdef Transaction txn = self._find(dispatch_id, ABORT_FROM, "abort")
         del self._txns[txn._id]
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
@@ -536,10 +559,10 @@ cdef class DispatchTables:
     @cython.embedsignature.format("clinic")
     def fence_passed(self, dispatch_id):
         """`begin_commit` succeeded: ACTIVE -> COMMITTING (D5); the worker is free."""
-        cdef Transaction txn = self._find(dispatch_id, ACTIVE, "fence_passed")
+        cdef Transaction txn = self._find(dispatch_id, FENCE_PASSED_FROM, "fence_passed")
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
-        txn._phase = COMMITTING
+        txn._phase = FENCE_PASSED_TO
         return txn
 
     @cython.binding(False)
@@ -547,12 +570,12 @@ cdef class DispatchTables:
     def finished(self, dispatch_id):
         """Triage and completion done: run the releases in reverse and drop
         the stack (D6)."""
-        cdef Transaction txn = self._find(dispatch_id, COMMITTING, "finished")
+        cdef Transaction txn = self._find(dispatch_id, FINISHED_FROM, "finished")
         del self._txns[txn._id]
         self._unlink_worker(txn)
         cdef list stack = txn._stack
         txn._stack = None
-        txn._phase = COMMITTED
+        txn._phase = FINISHED_TO
         return _run(txn, stack, ON_COMMIT, None)
 
     @cython.binding(False)
@@ -560,7 +583,7 @@ cdef class DispatchTables:
     def fenced_out(self, dispatch_id):
         """Sent, but the result cannot be trusted: run the after-send
         discards in reverse (D4)."""
-        cdef Transaction txn = self._find(dispatch_id, ACTIVE, "fenced_out")
+        cdef Transaction txn = self._find(dispatch_id, FENCED_OUT_FROM, "fenced_out")
         del self._txns[txn._id]
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
@@ -573,7 +596,7 @@ cdef class DispatchTables:
         cdef list stack = txn._stack
         txn._stack = None
         txn._objects = None
-        txn._phase = ROLLED_BACK
+        txn._phase = ROLLED_BACK_TO
         return _run(txn, stack, which, None)
 
     cdef tuple _sweep(self, list victims):
@@ -597,7 +620,7 @@ cdef class DispatchTables:
             detached.append((txn._id, txn, txn._stack, BEFORE if not txn._was_sent else AFTER))
             txn._stack = None
             txn._objects = None
-            txn._phase = ROLLED_BACK
+            txn._phase = ROLLED_BACK_TO
         detached.sort(key=_first, reverse=True)
         cdef list all_failures = []
         cdef list interrupts = []
@@ -618,7 +641,7 @@ cdef class DispatchTables:
         cdef Transaction txn
         while node is not None:
             txn = <Transaction>node
-            if txn._phase == PREPARING or txn._phase == ACTIVE:
+            if txn._phase == ABORT_FROM or txn._phase == FENCED_OUT_FROM:
                 victims.append(txn)
             node = txn._w_next
         self._caches[w] = None
@@ -631,7 +654,7 @@ cdef class DispatchTables:
         cdef Transaction txn
         for item in [*self._txns.values(), *[entry[1] for entry in self._planted]]:
             txn = <Transaction>item
-            if txn._phase == PREPARING or txn._phase == ACTIVE:
+            if txn._phase == ABORT_FROM or txn._phase == FENCED_OUT_FROM:
                 victims.append(txn)
         return self._sweep(victims) if victims else _NO_FAILURES
 

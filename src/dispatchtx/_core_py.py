@@ -23,9 +23,10 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
 from dispatchtx.errors import (
+    MOVES,
     NO_FAILURES,
     CompensationFailure,
     Failures,
@@ -41,12 +42,30 @@ from dispatchtx.errors import (
 __all__ = ["Compensation", "DispatchTables", "Transaction"]
 
 A = TypeVar("A")
+if TYPE_CHECKING:  # a tag type's default (PEP 696) for type checkers only
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    T = TypeVarWithDefault("T", default=object)
+else:
+    T = TypeVar("T")
 
 _PREPARING = Phase.PREPARING
 _ACTIVE = Phase.ACTIVE
 _COMMITTING = Phase.COMMITTING
 _COMMITTED = Phase.COMMITTED
 _ROLLED_BACK = Phase.ROLLED_BACK
+
+# Which move is legal from which phase, and where it leaves the dispatch:
+# taken from the one table in dispatchtx.errors, as the compiled twin does.
+_SENT_FROM, _SENT_TO = MOVES["sent"].source, MOVES["sent"].target
+_ABORT_FROM = MOVES["abort"].source
+_FENCE_PASSED_FROM, _FENCE_PASSED_TO = MOVES["fence_passed"][1:]
+_FINISHED_FROM, _FINISHED_TO = MOVES["finished"][1:]
+_FENCED_OUT_FROM = MOVES["fenced_out"].source
+# abort, fenced_out and the sweeps share one roll-back: one target.
+_ROLLED_BACK_TO = MOVES["abort"].target
+if MOVES["fenced_out"].target is not _ROLLED_BACK_TO:
+    raise ImportError("dispatchtx.errors.MOVES: abort and fenced_out must end alike")
 
 # Dispatch ids are C `long long` in the compiled twin: both builds keep them
 # below 2**63.
@@ -95,7 +114,7 @@ class Compensation(Generic[A]):
 
 
 @final
-class Transaction:
+class Transaction(Generic[T]):
     """A read-only handle on one dispatch. Only the tables move it."""
 
     __slots__ = (
@@ -116,7 +135,7 @@ class Transaction:
     _worker: int
     _phase: Phase
     _sent_at: float | None
-    _tag: object
+    _tag: Any
     _stack: list[Any] | None
     _objects: list[str] | None
     _w_prev: Transaction | None
@@ -144,11 +163,11 @@ class Transaction:
         return self._sent_at
 
     @property
-    def tag(self) -> object:
-        return self._tag
+    def tag(self) -> T:
+        return self._tag  # type: ignore[no-any-return]
 
     @tag.setter
-    def tag(self, value: object) -> None:
+    def tag(self, value: T) -> None:
         if self._phase is not _PREPARING:
             raise IllegalMove(self._id, "set tag", self._phase)
         self._tag = value
@@ -193,7 +212,7 @@ class Transaction:
         )
 
 
-def _new_transaction(dispatch_id: int, worker: int, tag: object) -> Transaction:
+def _new_transaction(dispatch_id: int, worker: int, tag: object) -> Transaction[Any]:
     txn = object.__new__(Transaction)
     txn._id = dispatch_id
     txn._worker = worker
@@ -262,7 +281,7 @@ class _DispatchBoundary:
 
     __slots__ = ("_tables", "_worker", "_tag", "_txn")
 
-    def __init__(self, tables: DispatchTables, worker: int, tag: object) -> None:
+    def __init__(self, tables: DispatchTables[Any], worker: int, tag: object) -> None:
         self._tables = tables
         self._worker = worker
         self._tag = tag
@@ -314,7 +333,7 @@ class _CommittingBoundary:
 
     __slots__ = ("_tables", "_id")
 
-    def __init__(self, tables: DispatchTables, dispatch_id: int) -> None:
+    def __init__(self, tables: DispatchTables[Any], dispatch_id: int) -> None:
         self._tables = tables
         self._id = dispatch_id
 
@@ -342,7 +361,7 @@ class _CommittingBoundary:
 
 
 @final
-class DispatchTables:
+class DispatchTables(Generic[T]):
     """The three tables of in-flight dispatches and the moves between them."""
 
     __slots__ = (
@@ -462,7 +481,7 @@ class DispatchTables:
 
     # -- moves -----------------------------------------------------------
 
-    def prepare(self, worker: int, tag: object = None) -> Transaction:
+    def prepare(self, worker: int, tag: Any = None) -> Transaction[T]:
         """Open a dispatch to `worker` (D1: at most `max_in_flight` per worker)."""
         worker = self._check_worker(worker)
         occupied = self._occupied[worker]
@@ -485,12 +504,12 @@ class DispatchTables:
         # Checked before anything moves: a bad time leaves the dispatch
         # PREPARING, so its boundary still compensates it.
         now = _as_time(now)
-        txn = self._find(dispatch_id, _PREPARING, "sent")
+        txn = self._find(dispatch_id, _SENT_FROM, "sent")
         if now < self._last_now:
             now = self._last_now
         else:
             self._last_now = now
-        txn._phase = _ACTIVE
+        txn._phase = _SENT_TO
         txn._sent_at = now
         tail = self._sent_tail
         txn._s_prev = tail
@@ -511,7 +530,7 @@ class DispatchTables:
 
     def abort(self, dispatch_id: int) -> Failures:
         """Never sent: run the before-send undos in reverse (D3)."""
-        txn = self._find(dispatch_id, _PREPARING, "abort")
+        txn = self._find(dispatch_id, _ABORT_FROM, "abort")
         del self._txns[txn._id]
         self._occupied[txn._worker] -= 1
         self._unlink_worker(txn)
@@ -519,21 +538,21 @@ class DispatchTables:
 
     def fence_passed(self, dispatch_id: int) -> Transaction:
         """`begin_commit` succeeded: ACTIVE -> COMMITTING (D5); the worker is free."""
-        txn = self._find(dispatch_id, _ACTIVE, "fence_passed")
+        txn = self._find(dispatch_id, _FENCE_PASSED_FROM, "fence_passed")
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
-        txn._phase = _COMMITTING
+        txn._phase = _FENCE_PASSED_TO
         return txn
 
     def finished(self, dispatch_id: int) -> Failures:
         """Triage and completion done: run the releases in reverse and drop
         the stack (D6)."""
-        txn = self._find(dispatch_id, _COMMITTING, "finished")
+        txn = self._find(dispatch_id, _FINISHED_FROM, "finished")
         del self._txns[txn._id]
         self._unlink_worker(txn)
         stack = txn._stack
         txn._stack = None
-        txn._phase = _COMMITTED
+        txn._phase = _FINISHED_TO
         assert stack is not None
         failures, interrupt = _run(txn, stack, _ON_COMMIT)
         if interrupt is not None:
@@ -543,7 +562,7 @@ class DispatchTables:
     def fenced_out(self, dispatch_id: int) -> Failures:
         """Sent, but the result cannot be trusted: run the after-send
         discards in reverse (D4)."""
-        txn = self._find(dispatch_id, _ACTIVE, "fenced_out")
+        txn = self._find(dispatch_id, _FENCED_OUT_FROM, "fenced_out")
         del self._txns[txn._id]
         self._unlink_sent(txn)
         self._occupied[txn._worker] -= 1
@@ -556,7 +575,7 @@ class DispatchTables:
         stack = txn._stack
         txn._stack = None
         txn._objects = None
-        txn._phase = _ROLLED_BACK
+        txn._phase = _ROLLED_BACK_TO
         assert stack is not None
         failures, interrupt = _run(txn, stack, which)
         if interrupt is not None:
@@ -584,7 +603,7 @@ class DispatchTables:
             txn._stack = None
             txn._objects = None
             which = _BEFORE if txn._sent_at is None else _AFTER
-            txn._phase = _ROLLED_BACK
+            txn._phase = _ROLLED_BACK_TO
             assert stack is not None
             detached.append((txn, stack, which))
         detached.sort(key=lambda item: item[0]._id, reverse=True)
@@ -608,7 +627,7 @@ class DispatchTables:
         victims: list[Transaction] = []
         txn = self._heads[worker]
         while txn is not None:
-            if txn._phase is _PREPARING or txn._phase is _ACTIVE:
+            if txn._phase is _ABORT_FROM or txn._phase is _FENCED_OUT_FROM:
                 victims.append(txn)
             txn = txn._w_next
         self._caches[worker] = None
@@ -620,7 +639,7 @@ class DispatchTables:
         victims = [
             txn
             for txn in [*self._txns.values(), *[txn for _, txn in self._planted]]
-            if txn._phase is _PREPARING or txn._phase is _ACTIVE
+            if txn._phase is _ABORT_FROM or txn._phase is _FENCED_OUT_FROM
         ]
         return self._sweep(victims) if victims else NO_FAILURES
 

@@ -7,10 +7,11 @@ is loaded. This module imports nothing of dispatchtx.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum, IntEnum
-from typing import Final, final
+from types import MappingProxyType
+from typing import Final, NamedTuple, final
 
 __all__ = [
     "CompensationError",
@@ -18,6 +19,8 @@ __all__ = [
     "DispatchError",
     "Failures",
     "IllegalMove",
+    "MOVES",
+    "Move",
     "NO_FAILURES",
     "Phase",
     "Side",
@@ -36,6 +39,34 @@ class Phase(IntEnum):
     COMMITTING = 2
     COMMITTED = 3
     ROLLED_BACK = 4
+
+
+class Move(NamedTuple):
+    """One move of the core: legal only from `source`; it leaves the
+    dispatch in `target`."""
+
+    name: str
+    source: Phase
+    target: Phase
+
+
+#: Which move is legal from which phase, and where it leaves the dispatch:
+#: both builds take their checks from this table (a sweep, `lose_worker` or
+#: `shutdown`, is `abort` of each PREPARING and `fenced_out` of each ACTIVE
+#: dispatch; `committing()` is `fence_passed` on entry and `finished` on a
+#: clean exit).
+MOVES: Final[Mapping[str, Move]] = MappingProxyType(
+    {
+        move.name: move
+        for move in (
+            Move("sent", Phase.PREPARING, Phase.ACTIVE),
+            Move("abort", Phase.PREPARING, Phase.ROLLED_BACK),
+            Move("fence_passed", Phase.ACTIVE, Phase.COMMITTING),
+            Move("finished", Phase.COMMITTING, Phase.COMMITTED),
+            Move("fenced_out", Phase.ACTIVE, Phase.ROLLED_BACK),
+        )
+    }
+)
 
 
 class Side(Enum):

@@ -85,7 +85,7 @@ class Workload(Protocol):
     inherits them and overrides what it needs.
     """
 
-    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None) -> None:
+    def attach(self, tables: DispatchTables[DispatchTag], dispatch_log: DispatchLog | None) -> None:
         """Called by each new `Coordinator` incarnation, at the end of its
         construction, with its tables (declare the workload's own
         compensations and build its adapters on them here) and its dispatch
@@ -114,7 +114,9 @@ class Workload(Protocol):
         """Items not yet done or dropped."""
         ...
 
-    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+    def reserve(
+        self, txn: Transaction[DispatchTag], worker: int, work_id: str
+    ) -> tuple[object, list[str]]:
         """Reserve the local resources of one dispatch through their adapters
         (each registering its compensation); return the message payload and
         the ids of the objects the worker needs."""
@@ -210,7 +212,7 @@ class Coordinator:
         self.workload = workload
         self.faults = faults or FaultPlan.none()
         self.incarnation = store.register(config.coordinator_id)
-        self.tables = DispatchTables(
+        self.tables: DispatchTables[DispatchTag] = DispatchTables(
             transport.n_workers,
             max_in_flight=config.max_in_flight,
             first_id=self.incarnation << ID_SHIFT,
@@ -398,7 +400,7 @@ class Coordinator:
         """The claims of `pairs` in one store batch; only once they are
         durable is any of them sent."""
         now = self.transport.now()
-        opened: list[tuple[Transaction, int, str, WorkLease]] = []
+        opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]] = []
         next_pair = 0
         try:
             with self.store.batch():
@@ -437,11 +439,11 @@ class Coordinator:
 
     def _open(
         self, worker: int, work_id: str, now: float
-    ) -> tuple[Transaction, int, str, WorkLease] | None:
+    ) -> tuple[Transaction[DispatchTag], int, str, WorkLease] | None:
         """Prepare a dispatch to `worker` and claim `work_id` for it; None if
         the item cannot be claimed or anything failed (compensated)."""
         slot_registered = item_registered = False
-        txn: Transaction | None = None
+        txn: Transaction[DispatchTag] | None = None
         try:
             txn = self.tables.prepare(worker, tag=DispatchTag(work_id, UNCLAIMED))
             txn.add(self._slot, worker)
@@ -471,7 +473,7 @@ class Coordinator:
             return None
 
     def _send(
-        self, txn: Transaction, worker: int, work_id: str, lease: WorkLease, now: float
+        self, txn: Transaction[DispatchTag], worker: int, work_id: str, lease: WorkLease, now: float
     ) -> None:
         """Reserve the rest, build the message, send, `sent()`. Anything that
         fails compensates: the undos if it was never sent, the discards if it
@@ -511,7 +513,7 @@ class Coordinator:
                 raise
             self._dispatch_failed(work_id, worker, error)
 
-    def _compensate(self, txn: Transaction) -> None:
+    def _compensate(self, txn: Transaction[DispatchTag]) -> None:
         """A dispatch that failed before it was settled: undo it if it was
         never sent, discard it if it was."""
         if txn.phase is Phase.PREPARING:

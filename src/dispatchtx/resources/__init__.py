@@ -126,7 +126,7 @@ class ResourceAdapter(Protocol):
     Example, a pool of licences that a dispatch holds while it runs::
 
         class Licences:
-            def __init__(self, tables: DispatchTables, count: int) -> None:
+            def __init__(self, tables: DispatchTables[Any], count: int) -> None:
                 self.free = count
                 self.held: dict[int, None] = {}
                 self._comp = tables.compensation("licences", self.give_back,
@@ -135,7 +135,7 @@ class ResourceAdapter(Protocol):
             @property
             def compensation(self) -> Compensation[int]:
                 return self._comp
-            def reserve(self, txn: Transaction) -> int:
+            def reserve(self, txn: Transaction[Any]) -> int:
                 if not self.free:
                     raise Unavailable("no licence")
                 self.free -= 1
@@ -169,7 +169,7 @@ class ResourceAdapter(Protocol):
         """The one compensation declared at construction."""
         ...
 
-    def reserve(self, txn: Transaction, /, *args: Any, **kwargs: Any) -> object:
+    def reserve(self, txn: Transaction[Any], /, *args: Any, **kwargs: Any) -> object:
         """Reserve for one dispatch and `txn.add(self.compensation, arg)`."""
         ...
 

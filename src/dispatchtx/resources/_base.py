@@ -3,7 +3,7 @@ preamble (`AdapterBase`: the name, the one compensation, the PREPARING check
 and the registering of a reservation), the journal seam, and the checks that
 turn a JSON snapshot back into state.
 
-This module sees the core only through `Compensation` and `Transaction`
+This module sees the core only through `Compensation` and `Transaction[Any]`
 (DESIGN.md §8): it never imports the coordinator or the transport.
 """
 
@@ -101,7 +101,7 @@ class JournaledAdapter:
         getattr(self, f"_ev_{event}")(*args)
 
 
-def require_preparing(txn: Transaction, move: str) -> None:
+def require_preparing(txn: Transaction[Any], move: str) -> None:
     """Refuse a reservation on a dispatch that can no longer register one.
 
     Checked before anything is reserved, so a refused reservation leaves no
@@ -112,7 +112,7 @@ def require_preparing(txn: Transaction, move: str) -> None:
 
 
 def register(
-    txn: Transaction, compensation: Compensation[A], arg: A, undo: Callable[[A], object]
+    txn: Transaction[Any], compensation: Compensation[A], arg: A, undo: Callable[[A], object]
 ) -> None:
     """`txn.add(compensation, arg)` for a reservation already made.
 
@@ -147,7 +147,7 @@ class AdapterBase(Generic[R]):
 
     def __init__(
         self,
-        tables: DispatchTables,
+        tables: DispatchTables[Any],
         name: str,
         undo: Callable[[R], object] | None,
         discard: Callable[[R], object] | None,
@@ -166,11 +166,11 @@ class AdapterBase(Generic[R]):
     def compensation(self) -> Compensation[R]:
         return self._compensation
 
-    def _require_preparing(self, txn: Transaction, method: str = "reserve") -> None:
+    def _require_preparing(self, txn: Transaction[Any], method: str = "reserve") -> None:
         """`require_preparing` for this adapter's `method`."""
         require_preparing(txn, f"{self._name}.{method}")
 
-    def _register(self, txn: Transaction, reservation: R, undo: Callable[[R], object]) -> R:
+    def _register(self, txn: Transaction[Any], reservation: R, undo: Callable[[R], object]) -> R:
         """`register` the reservation just made with this adapter's
         compensation; return it."""
         register(txn, self._compensation, reservation, undo)

@@ -161,7 +161,7 @@ class AlgorithmSelector(AdapterBase[str], JournaledAdapter):
 
     def __init__(
         self,
-        tables: DispatchTables,
+        tables: DispatchTables[Any],
         stages: Sequence[str],
         *,
         seed: int = 0,
@@ -191,7 +191,7 @@ class AlgorithmSelector(AdapterBase[str], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction) -> AlgorithmSelection:
+    def reserve(self, txn: Transaction[Any]) -> AlgorithmSelection:
         """Select a stage for `txn` and open its pending feedback token."""
         self._require_preparing(txn)
         selection = self._ev_select(txn.id)

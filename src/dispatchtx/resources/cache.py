@@ -59,7 +59,7 @@ class ObjectCache(AdapterBase[RecarriedObjects], JournaledAdapter):
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("miss", "delivered", "forget_worker")
 
-    def __init__(self, tables: DispatchTables, *, name: str = "objects") -> None:
+    def __init__(self, tables: DispatchTables[Any], *, name: str = "objects") -> None:
         super().__init__(tables, name, None, None, self.delivered)
         self._tables = tables
         self._recarry: dict[int, dict[str, None]] = {}  # worker -> ids it reported missing
@@ -67,7 +67,7 @@ class ObjectCache(AdapterBase[RecarriedObjects], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, object_ids: Iterable[str]) -> list[str]:
+    def reserve(self, txn: Transaction[Any], object_ids: Iterable[str]) -> list[str]:
         """The ids among `object_ids` whose content this message must carry,
         in the order given; the core caches them for the worker once the
         message is sent. Reserves nothing."""

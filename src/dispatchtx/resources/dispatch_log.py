@@ -105,7 +105,7 @@ class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
     #: `AdapterJournal` still applies it in memory (see there).
     JOURNAL_RELEASE_EVENTS: ClassVar[tuple[str, ...]] = ("reclaim", "done")
 
-    def __init__(self, tables: DispatchTables, *, name: str = "dispatch-log") -> None:
+    def __init__(self, tables: DispatchTables[Any], *, name: str = "dispatch-log") -> None:
         super().__init__(tables, name, self.undo, self.discard, self.complete)
         self._open: dict[int, DispatchEntry] = {}  # by dispatch id, oldest first
         self._dispatched = 0
@@ -119,7 +119,7 @@ class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, work_id: str, token: int) -> DispatchEntry:
+    def reserve(self, txn: Transaction[Any], work_id: str, token: int) -> DispatchEntry:
         """Record that `txn` carries exact-work item `work_id` under the
         store's fencing `token`; the entry stays open until the dispatch ends."""
         self._require_preparing(txn)

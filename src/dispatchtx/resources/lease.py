@@ -13,7 +13,7 @@ never lost).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dispatchtx.resources._base import (
     AdapterBase,
@@ -61,14 +61,14 @@ class WorkLeases(AdapterBase[WorkLease]):
 
     __slots__ = ("_held", "_store", "abandoned", "taken_over")
 
-    def __init__(self, tables: DispatchTables, store: WorkStore, *, name: str = "work-lease"):
+    def __init__(self, tables: DispatchTables[Any], store: WorkStore, *, name: str = "work-lease"):
         super().__init__(tables, name, self._abandon_unsent, self._abandon, self._forget)
         self._store = store
         self._held: dict[str, WorkLease] = {}
         self.abandoned = 0
         self.taken_over = 0
 
-    def reserve(self, txn: Transaction, work_id: str, now: float | None = None) -> WorkLease:
+    def reserve(self, txn: Transaction[Any], work_id: str, now: float | None = None) -> WorkLease:
         """Claim `work_id` for this dispatch; `ClaimRefused` (an `Unavailable`)
         if it cannot be claimed now (held by another, committing, done or
         quarantined), carrying the store's answer."""

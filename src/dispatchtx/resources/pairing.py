@@ -65,13 +65,13 @@ class SeedPairing(AdapterBase[Pairing], JournaledAdapter):
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("pair", "take_back", "unpair")
 
-    def __init__(self, tables: DispatchTables, *, name: str = "pairing") -> None:
+    def __init__(self, tables: DispatchTables[Any], *, name: str = "pairing") -> None:
         super().__init__(tables, name, self.undo, self.discard, self.release)
         self._seeds: dict[str, _Seed] = {}
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, seed: str) -> Pairing:
+    def reserve(self, txn: Transaction[Any], seed: str) -> Pairing:
         """Pair `seed` with `txn`'s worker; `Unavailable` if the seed is
         paired already."""
         self._require_preparing(txn)

@@ -106,7 +106,7 @@ class ParameterBandit(AdapterBase[str], JournaledAdapter):
 
     def __init__(
         self,
-        tables: DispatchTables,
+        tables: DispatchTables[Any],
         configs: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         policy: BanditPolicy = "ucb1",
@@ -143,7 +143,7 @@ class ParameterBandit(AdapterBase[str], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction) -> ParameterAssignment:
+    def reserve(self, txn: Transaction[Any]) -> ParameterAssignment:
         """Choose a configuration for `txn` and open its pending token."""
         self._require_preparing(txn)
         if not self._arms:

@@ -105,7 +105,7 @@ class ProposalBoard(AdapterBase[ProposalTicket], JournaledAdapter):
     )
 
     def __init__(
-        self, tables: DispatchTables, *, max_attempts: int = 3, name: str = "proposals"
+        self, tables: DispatchTables[Any], *, max_attempts: int = 3, name: str = "proposals"
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -131,7 +131,7 @@ class ProposalBoard(AdapterBase[ProposalTicket], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, proposal_id: str | None = None) -> ProposalTicket:
+    def reserve(self, txn: Transaction[Any], proposal_id: str | None = None) -> ProposalTicket:
         """Dispatch `proposal_id` (by default the oldest pending one) with
         `txn`, counting one attempt; `Unavailable` if it is not pending."""
         self._require_preparing(txn)

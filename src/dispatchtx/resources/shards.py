@@ -71,7 +71,7 @@ class ShardLeases(AdapterBase[ShardLease], JournaledAdapter):
         "release",
     )
 
-    def __init__(self, tables: DispatchTables, *, name: str = "shards") -> None:
+    def __init__(self, tables: DispatchTables[Any], *, name: str = "shards") -> None:
         super().__init__(tables, name, self.undo, self.discard, self.release)
         self._shards: dict[str, dict[str, _Task]] = {}
 
@@ -88,7 +88,7 @@ class ShardLeases(AdapterBase[ShardLease], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, shard: str, task: str | None = None) -> ShardLease:
+    def reserve(self, txn: Transaction[Any], shard: str, task: str | None = None) -> ShardLease:
         """Lease `task` of `shard` to `txn`; without a task, the free one with
         the fewest failures, then the fewest leases (first registered wins a
         tie). `Unavailable` if it is leased or the shard has no free task."""

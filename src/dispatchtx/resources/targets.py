@@ -63,7 +63,7 @@ class TargetRegistry(AdapterBase[TargetReservation], JournaledAdapter):
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = ("add_target", "hold", "release")
 
-    def __init__(self, tables: DispatchTables, *, name: str = "targets") -> None:
+    def __init__(self, tables: DispatchTables[Any], *, name: str = "targets") -> None:
         # Undo, discard and the release on commit are the same act here.
         super().__init__(tables, name, self.release, self.release, self.release)
         self._targets: dict[str, _Target] = {}
@@ -84,7 +84,7 @@ class TargetRegistry(AdapterBase[TargetReservation], JournaledAdapter):
 
     # -- per dispatch -------------------------------------------------------
 
-    def reserve(self, txn: Transaction, group: str) -> TargetReservation:
+    def reserve(self, txn: Transaction[Any], group: str) -> TargetReservation:
         """Hold the least-loaded target of `group` that has room (the first
         registered wins a tie) for `txn`; `Unavailable` if none has."""
         self._require_preparing(txn)
@@ -102,7 +102,7 @@ class TargetRegistry(AdapterBase[TargetReservation], JournaledAdapter):
             raise Unavailable(f"{self._name}: every target of group {group!r} is full")
         return self._hold(txn, best)
 
-    def reserve_target(self, txn: Transaction, target: str) -> TargetReservation:
+    def reserve_target(self, txn: Transaction[Any], target: str) -> TargetReservation:
         """Hold the named target for `txn`; `Unavailable` if it is full."""
         self._require_preparing(txn, "reserve_target")
         record = self._targets.get(target)
@@ -112,7 +112,7 @@ class TargetRegistry(AdapterBase[TargetReservation], JournaledAdapter):
             raise Unavailable(f"{self._name}: target {target!r} is full")
         return self._hold(txn, target)
 
-    def _hold(self, txn: Transaction, target: str) -> TargetReservation:
+    def _hold(self, txn: Transaction[Any], target: str) -> TargetReservation:
         if txn.id in self._targets[target].holders:
             raise Unavailable(f"{self._name}: dispatch {txn.id} already holds {target!r}")
         reservation = TargetReservation(target, txn.id)

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from dispatchtx import Transaction
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.coordinator.loop import Workload
+from dispatchtx.coordinator.loop import DispatchTag, Workload
 from dispatchtx.coordinator.queue import WorkQueue
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import SimulatedFS
@@ -77,7 +77,9 @@ class RefillableWorkload(Workload):
     def remaining(self) -> int:
         return self._queue.remaining()
 
-    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+    def reserve(
+        self, txn: Transaction[DispatchTag], worker: int, work_id: str
+    ) -> tuple[object, list[str]]:
         object_id = self._object_of[work_id]
         return [work_id, object_id], [object_id]
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dispatchtx import DispatchTables, Transaction
-from dispatchtx.coordinator.loop import Workload
+from dispatchtx.coordinator.loop import DispatchTag, Workload
 from dispatchtx.coordinator.queue import QueueState, WorkQueue
 from dispatchtx.fs import FS
 from dispatchtx.objects import object_id_of
@@ -104,7 +104,7 @@ class HashWorkload(Workload):
 
     # -- the queue --------------------------------------------------------------
 
-    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None) -> None:
+    def attach(self, tables: DispatchTables[DispatchTag], dispatch_log: DispatchLog | None) -> None:
         # A new coordinator incarnation: what the dead one had taken is
         # pending again (its memory, and so its dispatches, are gone).
         self._queue.give_back_taken()
@@ -134,7 +134,9 @@ class HashWorkload(Workload):
         index = int(hashlib.sha256(work_id.encode()).hexdigest(), 16) % len(self.object_ids)
         return self.object_ids[index]
 
-    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+    def reserve(
+        self, txn: Transaction[DispatchTag], worker: int, work_id: str
+    ) -> tuple[object, list[str]]:
         object_id = self.object_for(work_id)
         return [work_id, object_id], [object_id]
 

@@ -129,7 +129,9 @@ class FuzzWorkload(Workload):
 
     # -- one coordinator incarnation -------------------------------------------
 
-    def attach(self, tables: DispatchTables, dispatch_log: DispatchLog | None = None) -> None:
+    def attach(
+        self, tables: DispatchTables[DispatchTag], dispatch_log: DispatchLog | None = None
+    ) -> None:
         """Build this incarnation's adapters on `tables` (the coordinator's),
         and use `dispatch_log` (the coordinator's, when it has a journal) to
         mark local triage effects applied. Items a previous incarnation had
@@ -234,7 +236,9 @@ class FuzzWorkload(Workload):
 
     # -- a dispatch (Workload) ---------------------------------------------------
 
-    def reserve(self, txn: Transaction, worker: int, work_id: str) -> tuple[object, list[str]]:
+    def reserve(
+        self, txn: Transaction[DispatchTag], worker: int, work_id: str
+    ) -> tuple[object, list[str]]:
         adapters = self.adapters
         own = self._own
         assert own is not None  # set with the adapters
@@ -272,7 +276,9 @@ class FuzzWorkload(Workload):
         )
         return payload.encode(), [item.seed]
 
-    def _reserve_proposal(self, txn: Transaction, target: str) -> ProposalTicket | None:
+    def _reserve_proposal(
+        self, txn: Transaction[DispatchTag], target: str
+    ) -> ProposalTicket | None:
         board = self.adapters.proposals
         for proposal_id in board.pending():
             if self._proposal_tokens[proposal_id][0] == target:
@@ -537,13 +543,13 @@ class FuzzWorkload(Workload):
         return leaks
 
 
-def _fencing_token(txn: Transaction, work_id: str) -> int:
+def _fencing_token(txn: Transaction[DispatchTag], work_id: str) -> int:
     # The coordinator tags a dispatch with its DispatchTag (work id, fencing
     # token) before it asks the workload to reserve; triage is keyed by both.
     tag = txn.tag
-    if isinstance(tag, DispatchTag) and tag.work_id == work_id and tag.token >= 1:
-        return tag.token
-    raise ValueError(f"dispatch {txn.id}: tag must be the DispatchTag of {work_id!r}, got {tag!r}")
+    if tag.work_id != work_id or tag.token < 1:
+        raise ValueError(f"dispatch {txn.id}: tag {tag!r} is not a claim of {work_id!r}")
+    return tag.token
 
 
 def _rng_seed_of(work_id: str) -> int:
