@@ -13,9 +13,9 @@ from typing import Any, Final
 
 from dispatchtx import Transaction
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
-from dispatchtx.coordinator.loop import DispatchTag, Workload
 from dispatchtx.coordinator.queue import WorkQueue
 from dispatchtx.coordinator.stats import Stat
+from dispatchtx.coordinator.workload import DispatchTag, Workload
 from dispatchtx.fs import SimulatedFS
 from dispatchtx.jobs.bench.common import spread
 from dispatchtx.jobs.bench.config import BenchConfig

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dispatchtx import DispatchTables, Transaction
-from dispatchtx.coordinator.loop import DispatchTag, Workload
 from dispatchtx.coordinator.queue import QueueState, WorkQueue
+from dispatchtx.coordinator.workload import DispatchTag, Workload
 from dispatchtx.fs import FS
 from dispatchtx.objects import object_id_of
 from dispatchtx.resources.dispatch_log import DispatchLog

@@ -10,8 +10,8 @@ from collections import Counter, OrderedDict
 from typing import Final
 
 from dispatchtx import Compensation, DispatchTables, Transaction
-from dispatchtx.coordinator.loop import DispatchTag, Workload
 from dispatchtx.coordinator.queue import QueueState
+from dispatchtx.coordinator.workload import DispatchTag, Workload
 from dispatchtx.fs import FS
 from dispatchtx.jobs.workloads.fuzz.campaign_dir import CampaignDir, Published, encode_delta
 from dispatchtx.jobs.workloads.fuzz.payload import _ITEM_ID, DEPTH_ARMS, STRATEGIES, FuzzPayload
