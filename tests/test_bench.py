@@ -15,7 +15,7 @@ import pytest
 
 from dispatchtx.jobs import bench
 from dispatchtx.launch import MPIExecNotFound, find_mpiexec
-from dispatchtx.objects import object_id_of
+from dispatchtx.store import object_id_of
 
 TINY = dataclasses.replace(
     bench.QUICK,

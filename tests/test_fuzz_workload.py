@@ -40,9 +40,8 @@ from dispatchtx.jobs.workloads.fuzz import (
     mutate,
 )
 from dispatchtx.jobs.workloads.targets import MAX_INPUT, SIGNATURE_PATTERN
-from dispatchtx.objects import object_id_of
 from dispatchtx.resources import ProposalState
-from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.store import ItemStatus, WorkStore, object_id_of
 from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock, Work
 
 ROOT = "/store"

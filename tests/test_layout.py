@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import dispatchtx
 
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "dispatchtx"
@@ -51,7 +49,6 @@ def test_importing_the_library_loads_no_job() -> None:
     assert done.stdout.split() == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: transport, store and fs are not split yet")
 def test_no_source_file_over_the_limit() -> None:
     if not SOURCE.is_dir():
         return  # run from an installed copy without the source tree

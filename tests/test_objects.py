@@ -1,4 +1,4 @@
-"""The content-addressed object store (dispatchtx.objects)."""
+"""The content-addressed object store (dispatchtx.store.objects)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dispatchtx.fs import (
     SimulatedCrash,
     SimulatedFS,
 )
-from dispatchtx.objects import (
+from dispatchtx.store import (
     CorruptObject,
     InvalidObjectId,
     ObjectNotFound,

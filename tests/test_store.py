@@ -31,7 +31,6 @@ from dispatchtx.fs import (
     SimulatedFS,
     SimulatedTime,
 )
-from dispatchtx.objects import object_id_of
 from dispatchtx.store import (
     AbandonOutcome,
     Change,
@@ -52,6 +51,7 @@ from dispatchtx.store import (
     StoreIOError,
     WorkStore,
     item_key,
+    object_id_of,
 )
 
 ROOT = "/shared/store"

@@ -38,7 +38,6 @@ from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, S
 from dispatchtx.coordinator.workload import UNCLAIMED, DispatchTag, Workload
 from dispatchtx.fs import FS
 from dispatchtx.journal import FsyncPolicy
-from dispatchtx.objects import StoreError, StoreIOError
 from dispatchtx.resources import Leak
 from dispatchtx.resources.dispatch_log import DispatchLog
 from dispatchtx.resources.journaling import AdapterJournal
@@ -50,6 +49,8 @@ from dispatchtx.store import (
     CompleteOutcome,
     ItemStatus,
     OutcomeUnknown,
+    StoreError,
+    StoreIOError,
     WorkStore,
 )
 from dispatchtx.transport import Result, Transport, Work

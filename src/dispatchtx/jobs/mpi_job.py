@@ -32,8 +32,7 @@ from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
-from dispatchtx.objects import StoreError
-from dispatchtx.store import WorkStore
+from dispatchtx.store import StoreError, WorkStore
 from dispatchtx.transport import MPITransport, Work, run_worker
 
 __all__ = ["main", "parse_faults"]

@@ -43,8 +43,7 @@ from dispatchtx.jobs.workloads.fuzz import (
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, TriageLedger, hash_task
 from dispatchtx.journal import FsyncPolicy
-from dispatchtx.objects import StoreError
-from dispatchtx.store import ItemStatus, WorkStore
+from dispatchtx.store import ItemStatus, StoreError, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
 __all__ = ["ScheduleReport", "main", "run_schedule", "run_schedules"]

@@ -21,8 +21,7 @@ from dispatchtx.jobs.bench.common import spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import load_builds, median_of, time_lifecycles_across
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
-from dispatchtx.objects import object_id_of
-from dispatchtx.store import WorkStore
+from dispatchtx.store import WorkStore, object_id_of
 from dispatchtx.transport import SimulatedTransport, TransportClock
 
 # ---------------------------------------------------------------------------

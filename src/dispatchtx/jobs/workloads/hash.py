@@ -20,8 +20,8 @@ from dispatchtx import DispatchTables, Transaction
 from dispatchtx.coordinator.queue import QueueState, WorkQueue
 from dispatchtx.coordinator.workload import DispatchTag, Workload
 from dispatchtx.fs import FS
-from dispatchtx.objects import object_id_of
 from dispatchtx.resources.dispatch_log import DispatchLog
+from dispatchtx.store import object_id_of
 from dispatchtx.transport import Work
 
 __all__ = ["HashWorkload", "TriageLedger", "hash_task"]

@@ -13,8 +13,7 @@ from dispatchtx.jobs.workloads.targets import (
     execute,
     target_of_signature,
 )
-from dispatchtx.objects import object_id_of
-from dispatchtx.store import ItemState, ItemStatus
+from dispatchtx.store import ItemState, ItemStatus, object_id_of
 
 
 def committed_slots(states: Iterable[ItemState]) -> dict[str, int]:

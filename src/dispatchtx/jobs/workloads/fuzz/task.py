@@ -21,7 +21,7 @@ from dispatchtx.jobs.workloads.targets import (
     Target,
     execute,
 )
-from dispatchtx.objects import object_id_of
+from dispatchtx.store import object_id_of
 from dispatchtx.transport import Work
 
 # --------------------------------------------------------------------------

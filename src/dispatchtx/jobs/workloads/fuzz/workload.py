@@ -29,7 +29,6 @@ from dispatchtx.jobs.workloads.targets import (
     Target,
     execute,
 )
-from dispatchtx.objects import object_id_of
 from dispatchtx.resources import (
     AlgorithmSelector,
     DispatchLog,
@@ -44,6 +43,7 @@ from dispatchtx.resources import (
     ShardLeases,
     TargetRegistry,
 )
+from dispatchtx.store import object_id_of
 
 # take() looks at this many startable items (one per family) to choose from.
 _TAKE_WINDOW: Final = 8

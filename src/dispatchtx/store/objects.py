@@ -1,7 +1,7 @@
 """Content-addressed objects: immutable blobs named by the sha256 of their bytes.
 
 The shared store keeps each committed result here before it publishes the
-commit slot that names it (DESIGN.md §4), so a commit record never points at
+commit slot that names it (docs/design.md), so a commit record never points at
 content that is not durable.
 
 Layout under the store directory `root`::
@@ -12,8 +12,9 @@ Layout under the store directory `root`::
 Object ids that come from outside (a commit record, a worker, a user) are
 checked to be exactly 64 lowercase hex digits before they touch a path.
 
-This module also holds the root of the store's error family, `StoreError`,
-and the errors that the object store and the work store share.
+Its errors (`InvalidObjectId`, `ObjectNotFound`, `CorruptObject`,
+`StoreIOError`) are in `dispatchtx.store.errors`, with the rest of the
+store's error family.
 """
 
 from __future__ import annotations
@@ -24,77 +25,16 @@ import os
 import re
 from typing import Final
 
-from dispatchtx.errors import DispatchError
 from dispatchtx.fs import FS
+from dispatchtx.store.errors import CorruptObject, InvalidObjectId, ObjectNotFound, StoreIOError
 
-__all__ = [
-    "CorruptObject",
-    "InvalidId",
-    "InvalidObjectId",
-    "ObjectNotFound",
-    "ObjectStore",
-    "StoreError",
-    "StoreIOError",
-    "object_id_of",
-    "validate_object_id",
-]
+__all__ = ["ObjectStore", "object_id_of", "validate_object_id"]
 
 _OBJECT_ID: Final = re.compile(r"[0-9a-f]{64}")
 
 #: How often `put` retries a `link` or `fsync_dir` that raised an I/O error
 #: before giving up (a link is idempotent here: same name, same content).
 _PUT_ATTEMPTS: Final = 8
-
-
-class StoreError(DispatchError):
-    """Root of every error of the object store and the shared work store."""
-
-
-class InvalidId(StoreError, ValueError):
-    """An id from outside (work id, object id, coordinator id) that must not
-    become a path: wrong type, wrong shape or absurd size. Nothing was done."""
-
-
-class InvalidObjectId(InvalidId):
-    """Not exactly 64 lowercase hex digits."""
-
-    def __init__(self, value: object) -> None:
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        super().__init__(
-            f"invalid object id {shown}: expected a str of exactly 64 lowercase hex digits"
-        )
-        self.value = value
-
-
-class ObjectNotFound(StoreError):
-    """No object with this id in the store."""
-
-    def __init__(self, object_id: str, path: str) -> None:
-        super().__init__(f"object {object_id} not found at {path}")
-        self.object_id = object_id
-        self.path = path
-
-
-class CorruptObject(StoreError):
-    """An object whose content does not hash to its id (disk corruption or a
-    file put there by something else than `put`)."""
-
-    def __init__(self, object_id: str, path: str, reason: str) -> None:
-        super().__init__(f"object {object_id} at {path} is corrupt: {reason}")
-        self.object_id = object_id
-        self.path = path
-        self.reason = reason
-
-
-class StoreIOError(StoreError):
-    """A filesystem call failed. Unless the raising method says otherwise,
-    nothing was changed; `__cause__` is the `OSError`."""
-
-    def __init__(self, action: str, path: str, error: OSError) -> None:
-        super().__init__(f"{action} failed at {path}: {error}")
-        self.action = action
-        self.path = path
-        self.errno = error.errno
 
 
 def object_id_of(content: bytes) -> str:

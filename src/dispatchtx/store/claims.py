@@ -1,0 +1,540 @@
+"""`WorkStore`, one coordinator incarnation's handle on the shared store:
+its incarnations, claims, heartbeats and abandons, the fence
+(`begin_commit`) and completion, and the reading of items for the
+coordinator and for roll-forward. Every change goes through the slot chains
+of `dispatchtx.store.publication`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+from dataclasses import replace
+
+from dispatchtx.store.errors import (
+    CorruptObject,
+    CorruptRecord,
+    NotOwner,
+    StoreError,
+    StoreIOError,
+    _shown,
+)
+from dispatchtx.store.publication import SlotChains
+from dispatchtx.store.records import (
+    _KEY,
+    _MAX_DECISION_ROUNDS,
+    _RECORD_VERSION,
+    _STATUS_OF,
+    AbandonOutcome,
+    Change,
+    ClaimOutcome,
+    ClaimResult,
+    CommitOutcome,
+    CompleteOutcome,
+    ItemState,
+    ItemStatus,
+    Owner,
+    Record,
+    RollForward,
+    _decode_fields,
+    _encode_fields,
+    _FieldReader,
+    _lost_claims,
+    _new_nonce,
+    validate_coordinator_id,
+)
+
+__all__ = ["WorkStore"]
+
+
+class WorkStore(SlotChains):
+    """One coordinator incarnation's handle on the shared exact-work store.
+
+    `ttl` is how long a claim lives without a heartbeat; `margin` (default
+    `ttl / 4`) is added before another coordinator may take it, to cover
+    heartbeat latency and clock-rate differences. `quarantine_after` lost
+    claims quarantine an item. An ambiguous publication (EIO on `link`, a
+    failing directory fsync) is retried `publish_attempts` times with
+    `retry_pause(seconds)` between attempts before `OutcomeUnknown` is raised.
+
+    It is not thread-safe: one coordinator thread owns it. It reaches the
+    disk only through `FS` and time only through `Clock` (or the `now` it is
+    passed).
+    """
+
+    # -- incarnations --------------------------------------------------------
+
+    def register(self, coordinator_id: str) -> int:
+        """Register one start of `coordinator_id`: publish the next free
+        `incarnations/<coordinator>.<n>` by `link()` and return `n` (1, 2, ...).
+
+        The store then acts as that owner. `n` is unique among every start of
+        the coordinator ever registered in this directory, so it can seed
+        dispatch ids; a later incarnation may take its predecessors' claims at
+        once.
+        """
+        if self._owner is not None:
+            raise StoreError(f"this WorkStore is already registered as {self._owner}")
+        coordinator_id = validate_coordinator_id(coordinator_id)
+        self._ensure_dir(self._incarnations)
+        try:
+            names = self._fs.listdir(self._incarnations)
+        except OSError as error:
+            raise StoreIOError("listing incarnations", self._incarnations, error) from error
+        # The listing is only a hint for where to start: a stale one costs an EEXIST.
+        incarnation = 1 + max(
+            (
+                int(suffix)
+                for prefix, _, suffix in (name.rpartition(".") for name in names)
+                if prefix == coordinator_id and suffix.isdigit() and suffix.isascii()
+            ),
+            default=0,
+        )
+        while True:
+            path = os.path.join(self._incarnations, f"{coordinator_id}.{incarnation}")
+            nonce = _new_nonce()
+            owner = Owner(coordinator_id, incarnation)
+            data = _encode_fields(
+                {
+                    "v": _RECORD_VERSION,
+                    "change": "incarnation",
+                    "owner": coordinator_id,
+                    "incarnation": incarnation,
+                    "nonce": nonce,
+                    "wall": self._clock.wall(),  # for people reading the directory only
+                }
+            )
+            ours, _ = self._link_publish(
+                f"register {owner}",
+                path,
+                self._incarnations,
+                data,
+                nonce,
+                functools.partial(self._read_incarnation, path, owner),
+            )
+            if ours:
+                self._owner = owner
+                return incarnation
+            incarnation += 1
+
+    def incarnations(self, coordinator_id: str) -> list[int]:
+        """The incarnations of `coordinator_id` registered so far (a listing:
+        a hint, possibly stale on a network filesystem)."""
+        coordinator_id = validate_coordinator_id(coordinator_id)
+        try:
+            names = self._fs.listdir(self._incarnations)
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise StoreIOError("listing incarnations", self._incarnations, error) from error
+        found = []
+        for name in names:
+            prefix, _, suffix = name.rpartition(".")
+            if prefix == coordinator_id and suffix.isdigit() and suffix.isascii():
+                found.append(int(suffix))
+        return sorted(found)
+
+    def _read_incarnation(self, path: str, owner: Owner) -> str:
+        fields = _decode_fields(self._fs.read(path), path)
+        reader = _FieldReader(fields, path)
+        reader.expect_keys({"v", "change", "owner", "incarnation", "nonce", "wall"})
+        reader.version()
+        reader.number("wall")
+        if reader.text("change") != "incarnation" or reader.owner() != owner:
+            raise CorruptRecord(path, f"foreign record: not the registration of {owner}")
+        return reader.nonce()
+
+    # -- claims ----------------------------------------------------------------
+
+    def claim(self, work_id: str, now: float | None = None) -> int | None:
+        """Claim `work_id`; return the fencing token, or None if it is not
+        claimable now (see `try_claim` for why)."""
+        result = self.try_claim(work_id, now)
+        return result.token if result.outcome is ClaimOutcome.CLAIMED else None
+
+    def try_claim(self, work_id: str, now: float | None = None) -> ClaimResult:
+        """Claim `work_id` if its head slot is free, abandoned, a claim whose
+        heartbeat THIS store has seen stand still for `ttl + margin` on its own
+        monotonic clock (`now`, default `clock.monotonic()`), or a claim of an
+        earlier incarnation of this coordinator.
+
+        The first look at a claim starts the watch, so taking it over needs two
+        calls at least `ttl + margin` apart. Committing and done items are
+        never claimable. An item whose lost claims reach `quarantine_after` is
+        quarantined instead of claimed (`quarantined_now`), for good.
+        """
+        owner = self._require_owner("claim")
+        key = self._key(work_id)
+        now = self._now(now)
+        chain = self._load(key, work_id, create=True)
+        lost_race = False
+        for _ in range(_MAX_DECISION_ROUNDS):
+            lost = _lost_claims(chain)
+            head = chain[-1] if chain else None
+            if head is not None:
+                if head.change is Change.COMMIT:
+                    # Mark it again: a power loss can take a mark, and a stale
+                    # "absent" can hide the commit from the full look.
+                    with contextlib.suppress(StoreError):
+                        self._mark_committing(key)
+                    return ClaimResult(ClaimOutcome.COMMITTING, None, lost)
+                if head.change is Change.DONE:
+                    self._watch.pop(key, None)  # final: nothing left to watch
+                    return ClaimResult(ClaimOutcome.DONE, None, lost)
+                if head.change is Change.QUARANTINE:
+                    self._watch.pop(key, None)
+                    return ClaimResult(ClaimOutcome.QUARANTINED, None, lost)
+                if head.change is Change.CLAIM:
+                    if head.nonce in self._pending:
+                        # Our earlier claim whose outcome was unknown: it won.
+                        self._settle(key, head, "claim")
+                        return ClaimResult(ClaimOutcome.CLAIMED, head.token, lost)
+                    if head.owner == owner:
+                        return ClaimResult(ClaimOutcome.ALREADY_HELD, head.token, lost)
+                    if not head.owner.is_predecessor_of(owner) and not self._stalled(
+                        key, head.token, now
+                    ):
+                        busy = ClaimOutcome.LOST_RACE if lost_race else ClaimOutcome.BUSY
+                        return ClaimResult(busy, None, lost)
+                    lost += 1  # taking it over ends that claim
+            slot = len(chain) + 1
+            if lost >= self._quarantine_after:
+                record = self._record(key, slot, Change.QUARANTINE, 0, owner)
+                published = self._publish(key, record, "quarantine")
+                if published.ours and published.record.change is Change.QUARANTINE:
+                    if head is not None and head.change is Change.CLAIM:
+                        self._drop_heartbeat(key, head.token)  # the claim it ended
+                    return ClaimResult(ClaimOutcome.QUARANTINED, None, lost, quarantined_now=True)
+            else:
+                # The counter file exists BEFORE the claim can be seen, so no
+                # watcher ever caches a negative look-up of a live holder's
+                # heartbeat (NFS). A loser's write only looks like one heartbeat.
+                self._write_heartbeat(key, slot)
+                record = self._record(key, slot, Change.CLAIM, slot, owner)
+                published = self._publish(key, record, "claim")
+                if published.ours and published.record.change is Change.CLAIM:
+                    self._watch.pop(key, None)
+                    if head is not None and head.change is Change.CLAIM:
+                        self._drop_heartbeat(key, head.token)  # the claim taken over
+                    return ClaimResult(ClaimOutcome.CLAIMED, slot, lost)
+                self._beats.pop((key, slot), None)
+            lost_race = True  # decide again from what won the slot, and what followed
+            chain = self._chain(key)
+        return ClaimResult(ClaimOutcome.LOST_RACE, None, _lost_claims(self._chain(key)))
+
+    def heartbeat(self, work_id: str, token: int) -> bool:
+        """Rewrite the heartbeat counter of our claim `token` (off the chain,
+        advisory: it can never undo a claim). Also for COMMITTING items, until
+        they are done, so that nobody rolls them forward meanwhile.
+
+        Returns False, writing nothing, if `token` no longer holds the item
+        (taken over, abandoned, done or quarantined) or is not this
+        incarnation's.
+        """
+        owner = self._require_owner("heartbeat")
+        key = self._key(work_id)
+        chain = self._load(key, work_id, create=False)
+        claim = self._claim_at(work_id, chain, token)
+        if claim.owner != owner:
+            return False
+        committing = len(chain) == token + 1 and chain[token].change is Change.COMMIT
+        if len(chain) != token and not committing:
+            return False
+        self._write_heartbeat(key, token)
+        return True
+
+    def _write_heartbeat(self, key: str, token: int) -> None:
+        count = self._beats.get((key, token), -1) + 1
+        self._beats[(key, token)] = count
+        body = f"{token:010d} {count:016d} {self._session}".encode("ascii")
+        data = body + b" " + hashlib.sha256(body).hexdigest()[:16].encode("ascii") + b"\n"
+        path = self._heartbeat_path(key, token)
+        try:
+            # Fixed length: each write replaces the last. Not fsynced: the
+            # counter is advisory, and readers see it without (the page cache
+            # here; close-to-open on NFS). After a power loss its holder is
+            # dead anyway, and a restarted incarnation takes its claims at once.
+            self._fs.pwrite(path, 0, data, sync=False)
+        except OSError as error:
+            raise StoreIOError("writing a heartbeat", path, error) from error
+
+    def _drop_heartbeat(self, key: str, token: int) -> None:
+        """Remove the counter of a claim that ended (best effort: advisory)."""
+        with contextlib.suppress(OSError):
+            self._fs.unlink(self._heartbeat_path(key, token))
+
+    def abandon(self, work_id: str, token: int, *, sent: bool = True) -> AbandonOutcome:
+        """End our claim `token` without a result (the before-send undo with
+        `sent=False`, or the discard of a lost or stale result: only those
+        count towards quarantine). Safe when the claim was taken
+        over meanwhile (`TAKEN_OVER`, no effect). A later incarnation of the
+        same coordinator may abandon its predecessors' claims. Raises
+        `NotOwner` for another coordinator's claim.
+        """
+        owner = self._require_owner("abandon")
+        key = self._key(work_id)
+        chain = self._load(key, work_id, create=False)
+        claim = self._claim_at(work_id, chain, token)
+        if not (claim.owner == owner or claim.owner.is_predecessor_of(owner)):
+            raise NotOwner(work_id, token, claim.owner, owner)
+        for _ in range(_MAX_DECISION_ROUNDS):
+            if len(chain) == token:  # our claim is the head: end it
+                record = self._record(key, token + 1, Change.ABANDON, token, owner)
+                if not sent:
+                    record = replace(record, unsent=True)
+                published = self._publish(key, record, "abandon")
+                if published.ours and published.record.change is Change.ABANDON:
+                    self._beats.pop((key, token), None)
+                    self._drop_heartbeat(key, token)
+                    return AbandonOutcome.ABANDONED
+                chain = self._chain(key)
+                continue
+            after = chain[token]
+            if after.change is Change.ABANDON:
+                return AbandonOutcome.ABANDONED
+            if after.change is Change.COMMIT:
+                if len(chain) > token + 1:
+                    return AbandonOutcome.ALREADY_DONE
+                return AbandonOutcome.ALREADY_COMMITTING
+            return AbandonOutcome.TAKEN_OVER
+        raise StoreError(f"abandon of {_shown(work_id)}: the chain kept changing")
+
+    # -- the fence -------------------------------------------------------------
+
+    def begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
+        """The fence: commit `result` under claim `token` if that claim is still
+        the item's head and this incarnation's.
+
+        The result is stored as a content-addressed object FIRST, then the
+        `commit` slot naming it is published: the commit record is the commit
+        intent, and past it the item is only ever rolled forward. An ambiguous
+        publication (EIO on link, a lost reply) is resolved by reading the slot
+        back (our nonce there = committed), retried until known; if it never
+        becomes known, `OutcomeUnknown` is raised and a later call resolves it.
+        """
+        owner = self._require_owner("begin_commit")
+        if not isinstance(result, bytes):
+            raise TypeError(f"result must be bytes, not {type(result).__name__}")
+        key = self._key(work_id)
+        chain = self._known_chain(key, work_id, upto=token if isinstance(token, int) else 0)
+        claim = self._claim_at(work_id, chain, token)
+        if claim.owner != owner:
+            return CommitOutcome.FENCED_OUT
+        settled = self._commit_settled(key, chain, token)
+        if settled is not None:
+            return settled
+        object_id = self.objects.put(result)
+        self._mark_committing(key)
+        record = self._record(
+            key, token + 1, Change.COMMIT, token, owner, object_id=object_id, size=len(result)
+        )
+        published = self._publish(key, record, "begin_commit")
+        if published.ours and published.record.change is Change.COMMIT:
+            return CommitOutcome.COMMITTED
+        return self._commit_settled(key, self._chain(key), token) or CommitOutcome.FENCED_OUT
+
+    def _commit_settled(self, key: str, chain: list[Record], token: int) -> CommitOutcome | None:
+        """The fence's answer if the slot after claim `token` is taken, else None."""
+        if len(chain) == token:
+            return None
+        after = chain[token]
+        if after.change is not Change.COMMIT:
+            return CommitOutcome.FENCED_OUT
+        if after.nonce in self._pending:
+            self._settle(key, after, "begin_commit")  # our earlier ambiguous commit
+            return CommitOutcome.COMMITTED
+        return CommitOutcome.DUPLICATE
+
+    def complete(self, work_id: str, token: int) -> CompleteOutcome:
+        """Publish `done` for the commit of claim `token` (after triage).
+        Finding `done` for this token already there is success too, so ANY
+        registered coordinator may complete a commit (roll-forward)."""
+        owner = self._require_owner("complete")
+        key = self._key(work_id)
+        chain = self._known_chain(key, work_id, upto=token + 1 if isinstance(token, int) else 0)
+        self._claim_at(work_id, chain, token)
+        for _ in range(_MAX_DECISION_ROUNDS):
+            if len(chain) <= token or chain[token].change is not Change.COMMIT:
+                return CompleteOutcome.FENCED_OUT
+            if len(chain) > token + 1:
+                done = chain[token + 1]
+                if done.nonce in self._pending:
+                    self._settle(key, done, "complete")
+                    return CompleteOutcome.COMPLETED
+                return CompleteOutcome.ALREADY_DONE
+            record = self._record(key, token + 2, Change.DONE, token, owner)
+            published = self._publish(key, record, "complete")
+            if published.ours and published.record.change is Change.DONE:
+                self._beats.pop((key, token), None)
+                self._watch.pop(key, None)
+                self._drop_heartbeat(key, token)
+                self._unmark_committing(key)
+                return CompleteOutcome.COMPLETED
+            chain = self._chain(key)
+        raise StoreError(f"complete of {_shown(work_id)}: the chain kept changing")
+
+    # -- reading -----------------------------------------------------------------
+
+    def read(self, work_id: str) -> ItemState:
+        """The item's state from its chain (FREE if it has no slot yet)."""
+        key = self._key(work_id)
+        chain = self._load(key, work_id, create=False)
+        return self._state(key, work_id, chain)
+
+    def items(self) -> list[ItemState]:
+        """Every item in the store, in key order. A listing: an item created
+        a moment ago may be missing on a network filesystem."""
+        states = []
+        for key in self._item_keys():
+            work_id = self._work_id_of(key)
+            if work_id is None:
+                continue  # a directory whose first record never landed: nothing claimed
+            states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
+        return states
+
+    def items_by_status(self) -> dict[ItemStatus, list[ItemState]]:
+        """`items()` grouped by status (every status is a key)."""
+        grouped: dict[ItemStatus, list[ItemState]] = {status: [] for status in ItemStatus}
+        for state in self.items():
+            grouped[state.status].append(state)
+        return grouped
+
+    def committing_items(self) -> list[ItemState]:
+        return [state for state in self.items() if state.status is ItemStatus.COMMITTING]
+
+    def mark_committing_items(self) -> list[str]:
+        """Read every item (O(items): once per coordinator start) and mark
+        the COMMITTING ones "maybe committing" again, for the looks of
+        `roll_forward_candidates`. An item whose records are corrupt is
+        skipped, not fatal: its key is returned."""
+        unreadable = []
+        for key in self._item_keys():
+            try:
+                work_id = self._work_id_of(key)
+                if work_id is None:
+                    continue
+                state = self._state(key, work_id, self._load(key, work_id, create=False))
+            except CorruptRecord:
+                unreadable.append(key)
+                continue
+            if state.status is ItemStatus.COMMITTING:
+                self._mark_committing(key)
+        return unreadable
+
+    def _marked_committing(self) -> list[ItemState]:
+        """The COMMITTING items among the marked ones; marks of final items
+        (done, quarantined) are removed on the way. A mark on an item that is
+        not final stays: its holder may be about to link the commit."""
+        try:
+            names = self._fs.listdir(self._committing)
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise StoreIOError("listing committing marks", self._committing, error) from error
+        states = []
+        for key in names:
+            if _KEY.fullmatch(key) is None:
+                continue  # not ours (a temp of an editor, say): never a path we built
+            work_id = self._work_id_of(key)
+            if work_id is None:
+                continue
+            state = self._state(key, work_id, self._load(key, work_id, create=False))
+            if state.status is ItemStatus.COMMITTING:
+                states.append(state)
+            elif state.status in (ItemStatus.DONE, ItemStatus.QUARANTINED):
+                self._unmark_committing(key)
+        return states
+
+    def _mark_committing(self, key: str) -> None:
+        """Mark the item "maybe committing" before its commit slot is linked."""
+        self._ensure_dir(self._committing)
+        path = f"{self._committing}/{key}"
+        try:
+            # One call, no fsync (the full look covers a power loss): a second
+            # name for the item's first record, which is immutable.
+            self._fs.link(self._slot_path(key, 0), path)
+        except FileExistsError:
+            pass  # marked already (an earlier attempt, or an earlier claim's)
+        except OSError as error:
+            raise StoreIOError("marking an item committing", path, error) from error
+
+    def _unmark_committing(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # a mark left behind costs a look, no more
+            self._fs.unlink(f"{self._committing}/{key}")
+
+    def quarantined(self) -> list[ItemState]:
+        return [state for state in self.items() if state.status is ItemStatus.QUARANTINED]
+
+    def stored_result(self, work_id: str) -> bytes:
+        """The committed result of a COMMITTING or DONE item, verified against
+        its digest and size."""
+        state = self.read(work_id)
+        if state.object_id is None:
+            raise StoreError(
+                f"work id {_shown(work_id)} has no commit (it is {state.status.value})"
+            )
+        return self._result_of(state)
+
+    def roll_forward_candidates(
+        self, now: float | None = None, *, full: bool = False
+    ) -> list[RollForward]:
+        """COMMITTING items that this coordinator should roll forward now, with
+        their stored results: those of an earlier incarnation of this
+        coordinator at once, and those whose owner's heartbeat this store has
+        seen stand still for `ttl + margin` (the first look starts the watch).
+        Rerun triage on each result, then `complete(work_id, token)`.
+
+        It looks only at items marked "maybe committing" (O(those), not
+        O(items)): a commit slot is linked only after its mark exists, and a
+        mark goes only once its item is final. A power loss can drop a mark
+        whose commit survived (the mark's directory is not fsynced), so a
+        coordinator's first look after its start is `full`: see
+        `mark_committing_items`. A claim that finds an item COMMITTING marks
+        it again too (a stale "absent" may have hidden that commit from the
+        full look)."""
+        now = self._now(now)
+        candidates = []
+        if full:
+            self.mark_committing_items()
+        for state in self._marked_committing():
+            assert state.owner is not None and state.token is not None
+            if state.owner == self._owner:
+                continue  # ours: this incarnation is finishing it
+            predecessor = self._owner is not None and state.owner.is_predecessor_of(self._owner)
+            if predecessor or self._stalled(state.key, state.token, now):
+                candidates.append(RollForward(state, self._result_of(state)))
+        return candidates
+
+    def _result_of(self, state: ItemState) -> bytes:
+        assert state.object_id is not None
+        content = self.objects.get(state.object_id)
+        if len(content) != state.result_size:
+            raise CorruptObject(
+                state.object_id,
+                self.objects.path_of(state.object_id),
+                f"{len(content)} bytes, but its commit record says {state.result_size}",
+            )
+        return content
+
+    def _state(self, key: str, work_id: str, chain: list[Record]) -> ItemState:
+        lost = _lost_claims(chain)
+        if not chain:
+            return ItemState(work_id, key, ItemStatus.FREE, 0, None, None, None, None, lost)
+        head = chain[-1]
+        status = _STATUS_OF[head.change]
+        if head.change is Change.QUARANTINE:
+            return ItemState(work_id, key, status, head.slot, None, None, None, None, lost)
+        claim = chain[head.token - 1]
+        commit = chain[head.token] if head.change in (Change.COMMIT, Change.DONE) else None
+        return ItemState(
+            work_id,
+            key,
+            status,
+            head.slot,
+            head.token,
+            claim.owner,
+            None if commit is None else commit.object_id,
+            None if commit is None else commit.size,
+            lost,
+        )
