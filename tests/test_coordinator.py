@@ -1,5 +1,5 @@
 """The coordinator over the simulated transport, with the store on the
-simulated disk: the normal flow and each fault point (DESIGN.md §6)."""
+simulated disk: the normal flow and each fault point (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dispatch core's invariants (DESIGN.md §2-§3), run against whichever
+"""The dispatch core's invariants (docs/design.md), run against whichever
 build is loaded; tox runs this file once per build."""
 
 from __future__ import annotations

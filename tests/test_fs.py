@@ -1,6 +1,6 @@
 """The FS and Clock interface: RealFS on a real directory, SimulatedFS with
 its durable and volatile images and faults, the simulated clocks, and
-FaultyFS over the real disk (DESIGN.md §4, §6)."""
+FaultyFS over the real disk (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The campaign's fuzzing workload: the targets' planted bugs, the task's
 determinism, and whole runs under the coordinator over the simulated
 transport, with the store and the campaign directory on a simulated disk
-(DESIGN.md §4 "Triage and recovery: roll forward only", §6)."""
+(docs/design.md "Triage and recovery: roll forward only", §6)."""
 
 from __future__ import annotations
 

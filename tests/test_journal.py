@@ -1,4 +1,4 @@
-"""The local work journal (DESIGN.md §4 "Local work journal", §6 fault points
+"""The local work journal (docs/design.md "Local work journal", §6 fault points
 4 and 6), run on the simulated disk: every test is named by the rule it checks."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The local adapters kept in the local work journal (resources/journaling.py)
 and the dispatch history (resources/dispatch_log.py), on the simulated disk
-(DESIGN.md §4 "Local work journal", §6 fault points 4 and 6). Each test is
+(docs/design.md "Local work journal", §6 fault points 4 and 6). Each test is
 named by the rule it checks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shared exact-work lease adapter: DESIGN.md §4, first row of the table."""
+"""The shared exact-work lease adapter: docs/design.md, first row of the table."""
 
 from __future__ import annotations
 

@@ -653,7 +653,7 @@ def test_object_content_is_sent_once_and_reused_by_id() -> None:
 
 
 def test_a_failed_first_transfer_leaves_the_content_to_send_again() -> None:
-    # DESIGN.md §6 point 5: the worker never got the content, so the next
+    # docs/design.md point 5: the worker never got the content, so the next
     # dispatch must carry it (the coordinator marks it held only after send).
     sim = SimulatedTransport(1, _object_task)
     sim.force("send_failure")

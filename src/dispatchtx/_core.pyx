@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 # cython: cdivision=True, embedsignature=True, binding=True, auto_pickle=False
-"""The compiled build of the dispatch core (DESIGN.md §3).
+"""The compiled build of the dispatch core (docs/design.md).
 
 The pure-Python twin `_core_py.py` documents the layout and must behave
 identically; the test suite runs every case against both. Here the phase is

@@ -1,4 +1,4 @@
-"""The pure-Python build of the dispatch core (DESIGN.md §3).
+"""The pure-Python build of the dispatch core (docs/design.md).
 
 `_core.pyx` is its compiled twin; the two must behave identically, and the
 test suite runs every case against both. The core does no I/O and reads no

@@ -32,7 +32,7 @@ __all__ = [
 
 
 class Phase(IntEnum):
-    """Where a dispatch is in its life (DESIGN.md §1)."""
+    """Where a dispatch is in its life (docs/design.md)."""
 
     PREPARING = 0
     ACTIVE = 1

@@ -1,4 +1,4 @@
-"""The local work journal (DESIGN.md §4, "Local work journal").
+"""The local work journal (docs/design.md, "Local work journal").
 
 A journal holds what only this coordinator knows (bandit state, algorithm
 cursor, RNG and sequence number, proposal states, seed pairings, its own

@@ -1,4 +1,4 @@
-"""The named fault points of DESIGN.md §6 and the plan that fires them.
+"""The named fault points of docs/design.md and the plan that fires them.
 
 One `FaultPlan` is consulted by the coordinator at every point (and by the
 simulator and the campaign, which decide the rates), so that a test, the

@@ -1,6 +1,6 @@
 """The coordinator ("master"): dispatch through the tables, fence results in
 the shared store, triage inside the committing boundary, roll forward what
-others left COMMITTING (DESIGN.md §1, §4-§6).
+others left COMMITTING (docs/design.md).
 
 It never calls mpi4py itself: it talks to a `Transport` (MPI or the
 simulator), so the simulator runs this very code. Time comes from the

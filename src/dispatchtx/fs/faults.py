@@ -39,7 +39,7 @@ __all__ = [
 
 # ---------------------------------------------------------------------------
 # Fault descriptions: one vocabulary for SimulatedFS, FaultyFS, tests and the
-# campaign (DESIGN.md §6, fault point 6)
+# campaign (docs/design.md, fault point 6)
 # ---------------------------------------------------------------------------
 
 

@@ -254,7 +254,7 @@ class SimulatedAppendHandle:
 
 
 class SimulatedFS(_FaultPoints):
-    """An in-memory disk with a volatile and a durable image (DESIGN.md §4).
+    """An in-memory disk with a volatile and a durable image (docs/design.md).
 
     Writes, appends and `pwrite` change a file's volatile content; an fsync
     (the handle's, or the one inside `write_temp` and `pwrite`) makes that

@@ -1,5 +1,5 @@
 """One coordinator and its workers as one `mpiexec` job, on real MPI ranks,
-with the shared store on the real disk (DESIGN.md §6: each coordinator runs
+with the shared store on the real disk (docs/design.md: each coordinator runs
 as its own job, so one can be killed and restarted while others go on).
 
     mpiexec -n 5 python -m dispatchtx.jobs.mpi_job --store DIR --report FILE [...]

@@ -1,6 +1,6 @@
 """Whole-system simulation: coordinators, simulated workers, the shared store
 on a simulated disk, per-host virtual clocks, and random fault schedules
-(DESIGN.md §6). The very same coordinator and store code runs here as on
+(docs/design.md). The very same coordinator and store code runs here as on
 real MPI ranks and a real disk.
 
 Each schedule draws its shape (coordinators, workers, items, in-flight
@@ -56,7 +56,7 @@ KILL_POINTS: tuple[FaultPoint, ...] = (
     FaultPoint.KILL_AFTER_TRIAGE,
     FaultPoint.KILL_AFTER_COMPLETE,
 )
-# Transport faults, by the names of DESIGN.md §6 where it names them.
+# Transport faults, by the names of docs/design.md where it names them.
 TRANSPORT_FAULTS: dict[str, str] = {
     "stale": FaultPoint.STALE_RESULT.value,
     "duplicate": FaultPoint.DUPLICATE_RESULT.value,

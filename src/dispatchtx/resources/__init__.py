@@ -1,5 +1,5 @@
 """Resource adapters: one module per kind of thing a dispatch reserves
-(DESIGN.md §4).
+(docs/design.md).
 
 Every adapter follows the same shape, which `ResourceAdapter` states for
 resource kinds of your own:

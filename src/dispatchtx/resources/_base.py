@@ -4,7 +4,7 @@ and the registering of a reservation), the journal seam, and the checks that
 turn a JSON snapshot back into state.
 
 This module sees the core only through `Compensation` and `Transaction[Any]`
-(DESIGN.md §8): it never imports the coordinator or the transport.
+(docs/design.md): it never imports the coordinator or the transport.
 """
 
 from __future__ import annotations

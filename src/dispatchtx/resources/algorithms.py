@@ -1,4 +1,4 @@
-"""Multi-stage algorithm selection (DESIGN.md §4).
+"""Multi-stage algorithm selection (docs/design.md).
 
 A selection picks one stage of a multi-stage algorithm for a dispatch. The
 stage cursor first walks every stage once, in order (each stage's first run

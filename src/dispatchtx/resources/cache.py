@@ -1,4 +1,4 @@
-"""The worker object cache (DESIGN.md §4, D7).
+"""The worker object cache (docs/design.md, D7).
 
 The core keeps, per worker, the object ids the worker is known to hold, and
 updates it only once `send` returned (D7). So there is nothing to undo: a

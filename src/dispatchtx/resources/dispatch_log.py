@@ -1,5 +1,5 @@
 """This coordinator's dispatch history, kept in its local work journal
-(DESIGN.md §4: "local work journal: undo = append `reclaim`, drop the lease;
+(docs/design.md: "local work journal: undo = append `reclaim`, drop the lease;
 discard = append `reclaim`; never mark done").
 
 Per dispatch, `reserve(txn, work_id, token)` records a `dispatch` (dispatch

@@ -1,4 +1,4 @@
-"""The local resource adapters, kept in the local work journal (DESIGN.md §4,
+"""The local resource adapters, kept in the local work journal (docs/design.md,
 "Local work journal").
 
 `AdapterJournal` owns one `Journal` for a coordinator's local adapters (the
@@ -32,7 +32,7 @@ release: an event that a compensation (or the release on commit) makes,
 listed per adapter class (`release_events`). The core runs each
 compensation exactly once, so refusing it would leak the target, lease,
 pairing or token for the rest of the process, and a briefly unwritable disk
-must not keep in-process resources from being released (DESIGN.md §3). So a
+must not keep in-process resources from being released (docs/design.md). So a
 release whose record fails is applied in memory anyway and raises
 `ReleaseNotJournaled` (the core records it as a `CompensationFailure`), and
 the journal is marked out of step: before it appends anything else (and at

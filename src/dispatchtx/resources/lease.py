@@ -1,4 +1,4 @@
-"""The shared exact-work lease (DESIGN.md §4: undo and discard both abandon
+"""The shared exact-work lease (docs/design.md: undo and discard both abandon
 with the current token; a token that was taken over fails safely).
 
 A dispatch claims its work item in the shared store; the claim's slot number

@@ -1,4 +1,4 @@
-"""Seed-to-worker assignment (DESIGN.md §4).
+"""Seed-to-worker assignment (docs/design.md).
 
 A dispatch pairs one seed with the worker it goes to. A seed has at most one
 active pairing at a time; every pairing that really went out is counted,

@@ -1,5 +1,5 @@
 """Self-config parameter assignment: a bandit over parameter configurations
-(DESIGN.md §4).
+(docs/design.md).
 
 Each dispatch is assigned one configuration (an arm) by UCB1 or by Thompson
 sampling, and gets a pending token; triage later reports the reward of that

@@ -1,4 +1,4 @@
-"""Verified proposals (DESIGN.md §4).
+"""Verified proposals (docs/design.md).
 
 A proposal waits PENDING, goes DISPATCHED to a worker for verification (one
 attempt counted per dispatch that really went out), and ends with a verdict,

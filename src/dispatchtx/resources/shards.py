@@ -1,4 +1,4 @@
-"""State-shard task leases (DESIGN.md §4).
+"""State-shard task leases (docs/design.md).
 
 The coordinator's state is cut into shards, each holding tasks; a dispatch
 leases one task. Each task counts its leases (true dispatches) and its

@@ -1,4 +1,4 @@
-"""Target groups and local targets (DESIGN.md §4: undo and discard both
+"""Target groups and local targets (docs/design.md: undo and discard both
 release; a committed dispatch releases too).
 
 A target is something a dispatch occupies while it runs (a harness, a

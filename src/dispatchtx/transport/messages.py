@@ -70,7 +70,7 @@ class UnknownWorker(TransportError, ValueError):
 
 
 class SendFailed(TransportError):
-    """A send that raised. The coordinator treats it as not sent (DESIGN.md
+    """A send that raised. The coordinator treats it as not sent (docs/design.md
     §5); when raised by `test` for a non-blocking send, it is an ambiguous
     send of an ACTIVE dispatch (the message may have been delivered)."""
 

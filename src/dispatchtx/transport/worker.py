@@ -152,7 +152,7 @@ def run_worker(
     the coordinator's deadline finds it). Fault hook: when `hang_when(work)`
     is true the worker calls `hang()` before running that work, by default
     SIGSTOP on itself: under MPICH a worker that dies after talking takes the
-    job down, so a lost worker in real runs is a hung one (DESIGN.md §6)."""
+    job down, so a lost worker in real runs is a hung one (docs/design.md)."""
     from mpi4py import MPI
 
     started_wall, started_cpu = time.monotonic(), time.process_time()

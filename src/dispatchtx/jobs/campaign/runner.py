@@ -1,4 +1,4 @@
-"""The main job: a real MPI fault campaign (DESIGN.md §6).
+"""The main job: a real MPI fault campaign (docs/design.md).
 
 Several coordinators share one store directory on the real disk; each runs
 with its workers as its own `mpiexec` job (`dispatchtx.jobs.mpi_job`), so that

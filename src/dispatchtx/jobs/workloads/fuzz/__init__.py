@@ -1,5 +1,5 @@
 """The campaign's workload: a small coverage-guided fuzzing campaign against
-the bundled targets (targets.py), driven by a coordinator (DESIGN.md §4, §6).
+the bundled targets (targets.py), driven by a coordinator (docs/design.md).
 
 Three parts:
 
