@@ -4,6 +4,7 @@ simulated disk: the normal flow and each fault point (docs/design.md)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -451,3 +452,16 @@ def test_stats_are_keyed_by_stat() -> None:
     assert set(coordinator.stats.counts) <= set(Stat)
     with pytest.raises(ValueError):
         coordinator.stats["no such counter"]
+
+
+def test_a_workload_whose_set_up_fails_leaves_no_heartbeat_thread() -> None:
+    class Broken(HashWorkload):
+        def attach(self, tables: Any, dispatch_log: Any) -> None:
+            raise RuntimeError("injected: set-up failed")
+
+    world = make_world(workers=1, items=1)
+    config = CoordinatorConfig("coord-a", background_heartbeat=True)
+    before = {thread.name for thread in threading.enumerate()}
+    with pytest.raises(RuntimeError, match="set-up failed"):
+        Coordinator(config, world.transport, world.store(), Broken(1))
+    assert {thread.name for thread in threading.enumerate()} - before == set()

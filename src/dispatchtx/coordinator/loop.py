@@ -173,6 +173,9 @@ class Coordinator:
         # the heartbeat thread takes it to touch the store and the leases.
         self._lock = threading.Lock()
         self._lock.acquire()
+        # The workload's own set-up, before any thread runs: if it raises,
+        # nothing of this incarnation is left running.
+        workload.attach(self.tables, self.dispatch_log)
         self._stop_beating = threading.Event()
         self._beater: threading.Thread | None = None
         if config.background_heartbeat:
@@ -180,7 +183,6 @@ class Coordinator:
                 target=self._beat_in_background, name="dispatchtx-heartbeat", daemon=True
             )
             self._beater.start()
-        workload.attach(self.tables, self.dispatch_log)
 
     def _beat_in_background(self) -> None:
         while not self._stop_beating.wait(self._heartbeat_every):

@@ -37,11 +37,12 @@ class Workload(Protocol):
     """
 
     def attach(self, tables: DispatchTables[DispatchTag], dispatch_log: DispatchLog | None) -> None:
-        """Called by each new `Coordinator` incarnation, at the end of its
-        construction, with its tables (declare the workload's own
-        compensations and build its adapters on them here) and its dispatch
-        log (None without a journal). An incarnation's dispatches die with
-        it: what an earlier one had taken may be offered again."""
+        """Called by each new `Coordinator` incarnation during its
+        construction (before its heartbeat thread starts), with its tables
+        (declare the workload's own compensations and build its adapters on
+        them here) and its dispatch log (None without a journal). An
+        incarnation's dispatches die with it: what an earlier one had taken
+        may be offered again."""
         return None
 
     def take(self) -> str | None:
