@@ -133,10 +133,13 @@ def test_the_task_refuses_a_missing_or_wrong_seed_and_bad_payloads() -> None:
         fuzz_task(_work(payload), {object_id_of(seed): seed + b" "})
     with pytest.raises(ValueError):
         fuzz_task(Work(1, "x", 1, '{"target": "nope"}'), {})
+    with pytest.raises(ValueError, match="bad fuzz payload"):
+        FuzzPayload.decode("[" * 100_000 + "]" * 100_000)  # nested deeper than json recurses
 
 
 def test_a_malformed_result_is_refused() -> None:
-    for data in (b"", b"{}", b'{"v": 1, "target": "kv_config"}', b"\xff"):
+    deep = b"[" * 100_000 + b"]" * 100_000  # deeper than json recurses
+    for data in (b"", b"{}", b'{"v": 1, "target": "kv_config"}', b"\xff", deep):
         with pytest.raises(MalformedResult):
             BatchResult.decode(data)
     seed = TARGETS["expr_calc"].seeds[0]

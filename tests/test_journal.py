@@ -976,3 +976,14 @@ def test_an_io_error_at_every_fs_call_leaves_memory_and_disk_consistent(
         assert after_crash(fs, CrashKind.POWER, policy) == journal.state
         fs.crash(CrashKind.POWER)
         assert open_journal(fs, policy).state == journal.state
+
+
+def test_a_planted_line_nested_too_deep_is_corruption_not_a_recursion_error() -> None:
+    # The checksum is no MAC: whoever can write the journal can plant a valid
+    # line whose JSON nests deeper than the decoder recurses.
+    body = b"[" * 100_000 + b"]" * 100_000
+    fs = damaged(3, lambda line: b"%08x %s" % (zlib.crc32(body), body))
+    with pytest.raises(JournalCorrupt) as raised:
+        open_journal(fs, EVERY)
+    assert raised.value.line == 3
+    assert "nested too deep" in raised.value.reason

@@ -1243,6 +1243,14 @@ def test_a_corrupt_slot_is_a_clear_error(fs: SimulatedFS, clock: SimulatedClock)
         "nonce": _reencode(good, replace={"nonce": "NOT-HEX"}),
         "owner": _reencode(good, replace={"owner": "../evil"}),
         "version": _reencode(good, replace={"v": 2}),
+        # A checksum is no MAC: a planted record may nest deeper than json recurses.
+        "nested too deep": good.split(b" ")[0]
+        + b" "
+        + _checksum(b"[" * 100_000 + b"]" * 100_000)
+        + b" "
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"\n",
     }
     for reason, data in corruptions.items():
         _replace(fs, slot_path(WORK, 1), data)

@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -274,6 +275,54 @@ def test_unencodable_messages_raise_a_clear_error(message: object) -> None:
     with pytest.raises(UnencodableMessage) as caught:
         encode(message)  # type: ignore[arg-type]
     assert isinstance(caught.value, ValueError | DispatchError)
+
+
+class RefusesToPickle:
+    def __reduce__(self) -> str:
+        raise RuntimeError("injected: this object cannot be pickled")
+
+
+def nested(depth: int) -> list[object]:
+    outer: list[object] = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return outer
+
+
+@pytest.mark.parametrize("payload", [RefusesToPickle(), nested(100_000)], ids=["reduce", "deep"])
+def test_a_payload_that_does_not_pickle_is_unencodable_not_a_bare_error(payload: object) -> None:
+    with pytest.raises(UnencodableMessage, match=r"dispatch 7: its \w+ payload does not pickle"):
+        encode(Work(7, "i", 1, payload, {}))
+
+
+def test_a_dispatch_whose_payload_does_not_pickle_is_compensated_and_the_run_goes_on() -> None:
+    from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+    from dispatchtx.fs import SimulatedClock, SimulatedFS
+    from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
+    from dispatchtx.store import WorkStore
+
+    class OnePoisonedPayload(HashWorkload):
+        poisoned = False
+
+        def reserve(self, txn: Any, worker: int, work_id: str) -> tuple[object, list[str]]:
+            payload, objects = super().reserve(txn, worker, work_id)
+            if not self.poisoned:
+                self.poisoned = True
+                return RefusesToPickle(), objects
+            return payload, objects
+
+    workload = OnePoisonedPayload(6)
+    store = WorkStore(SimulatedFS(), "/store", SimulatedClock(), ttl=5.0)
+    coordinator = Coordinator(
+        CoordinatorConfig("coord-a"), SimulatedTransport(2, hash_task), store, workload
+    )
+    coordinator.run(max_steps=10_000)
+    assert coordinator.stats["dispatch failures"] == 1
+    assert coordinator.stats["committed"] == 6 and workload.remaining() == 0
+    coordinator.shutdown()
+    assert coordinator.leaks() == []
 
 
 def test_the_coordinator_side_decoder_never_unpickles() -> None:

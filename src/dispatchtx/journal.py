@@ -226,6 +226,8 @@ def _decode_line(line: bytes) -> _Record | str:
         data: object = json.loads(body)
     except ValueError:
         return "malformed record: not JSON"
+    except RecursionError:  # a checksum is no MAC: a planted line may nest deep
+        return "malformed record: nested too deep"
     if not isinstance(data, dict):
         return "malformed record: not a JSON object"
     seq = data.get("seq")

@@ -241,6 +241,8 @@ def _decode_fields(data: bytes, path: str) -> dict[str, object]:
         fields = json.loads(body)
     except ValueError as error:  # includes UnicodeDecodeError
         raise CorruptRecord(path, f"unparsable body ({error})") from None
+    except RecursionError:  # a checksum is no MAC: anyone may plant a deep one
+        raise CorruptRecord(path, "unparsable body (nested too deep)") from None
     if not isinstance(fields, dict):
         raise CorruptRecord(path, "body is not an object")
     return fields

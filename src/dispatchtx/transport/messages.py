@@ -222,7 +222,7 @@ def _encode_work(work: Work) -> bytes:
         elif type(payload) is str:
             kind, body = _PAYLOAD_STR, payload.encode()
         else:
-            kind, body = _PAYLOAD_PICKLE, pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
+            kind, body = _PAYLOAD_PICKLE, _pickled(work.dispatch_id, payload)
         parts = [b"", item, body]
         for object_id, content in work.objects.items():
             raw_id = object_id.encode()
@@ -240,9 +240,23 @@ def _encode_work(work: Work) -> bytes:
             len(body),
             len(work.objects),
         )
+    except UnencodableMessage:
+        raise
     except (AttributeError, TypeError, ValueError, struct.error, pickle.PicklingError) as exc:
         raise UnencodableMessage(f"cannot encode {work!r:.200}: {exc}") from exc
     return b"".join(parts)
+
+
+def _pickled(dispatch_id: object, payload: object) -> bytes:
+    try:
+        return pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # a __reduce__ that raises, nesting too deep to pickle, ...
+        # Named by type only: the repr of what does not pickle may not work either.
+        text = str(exc)[:200] if not isinstance(exc, RecursionError) else "nested too deep"
+        raise UnencodableMessage(
+            f"dispatch {dispatch_id!r}: its {type(payload).__name__} payload does not pickle "
+            f"({type(exc).__name__}: {text})"
+        ) from None
 
 
 def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:

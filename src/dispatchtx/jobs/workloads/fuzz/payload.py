@@ -93,7 +93,7 @@ class FuzzPayload:
                 if proposal is None
                 else (_checked(proposal[0], str), bytes.fromhex(_checked(proposal[1], str))),
             )
-        except (ValueError, KeyError, TypeError, IndexError) as error:
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
             raise MalformedPayload(f"bad fuzz payload: {error}") from error
         if payload.target not in TARGETS:
             raise MalformedPayload(f"unknown target {payload.target!r}")

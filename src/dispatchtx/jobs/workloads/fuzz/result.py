@@ -101,7 +101,7 @@ class BatchResult:
                 if proposal is None
                 else (_checked(proposal[0], str), _checked(proposal[1], bool)),
             )
-        except (ValueError, KeyError, TypeError, IndexError) as error:
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as error:
             raise MalformedResult(f"bad fuzz result: {error}") from error
         if _OBJECT_ID.fullmatch(result.seed) is None:
             raise MalformedResult(f"bad seed object id {result.seed!r}")
