@@ -86,7 +86,7 @@ def in_group(journal: Journal[State]) -> bool:
     return journal.in_group
 
 
-def compaction_error(journal: Journal[State]) -> OSError | None:
+def compaction_error(journal: Journal[State]) -> Exception | None:
     return journal.last_compaction_error
 
 
@@ -987,3 +987,22 @@ def test_a_planted_line_nested_too_deep_is_corruption_not_a_recursion_error() ->
         open_journal(fs, EVERY)
     assert raised.value.line == 3
     assert "nested too deep" in raised.value.reason
+
+
+def test_a_compaction_whose_snapshot_does_not_encode_does_not_fail_the_append() -> None:
+    # The record that made the compaction due is durable and applied: the
+    # append succeeded, and a caller that retried it would apply it twice.
+    def snapshot(state: State) -> JSONValue:
+        if "unencodable" in state:
+            raise ValueError("injected: this state has no snapshot")
+        return state
+
+    model: JournalModel[State] = JournalModel(EMPTY, append_payload, snapshot, MODEL.restore)
+    fs = new_fs()
+    journal = Journal(fs, PATH, model, compact_every=2)
+    journal.append(put("unencodable"))
+    assert journal.append(put(2)) == ["unencodable", 2]
+    assert isinstance(compaction_error(journal), ValueError)
+    assert journal.append(put(3)) == ["unencodable", 2, 3]  # later appends work too
+    assert not poisoned(journal)
+    assert Journal(fs, PATH, MODEL).state == ["unencodable", 2, 3]  # each applied once

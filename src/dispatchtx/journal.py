@@ -368,11 +368,13 @@ class CompactionSchedule:
     compaction did: due once `every` records (None: never on its own) were
     counted since the last compaction.
 
-    An automatic compaction that fails with `OSError` is reported, not
-    raised (the record that made it due is already applied), and retried
-    after another `every` records: a full disk should not cost a snapshot
-    per append. Every journal that compacts (`Journal`, `AdapterJournal`)
-    keeps one.
+    An automatic compaction that fails (an `OSError` from the disk, or any
+    other `Exception`, such as a snapshot that does not encode) is reported,
+    not raised: the record that made it due is already durable and applied,
+    so the append that triggered it succeeded, and a caller that retried it
+    would apply the event twice. It is retried after another `every`
+    records: a full disk should not cost a snapshot per append. Every
+    journal that compacts (`Journal`, `AdapterJournal`) keeps one.
     """
 
     __slots__ = ("_every", "_last_error", "_since")
@@ -382,7 +384,7 @@ class CompactionSchedule:
             raise ValueError(f"compact_every must be at least 1 or None, not {every}")
         self._every = every
         self._since = 0
-        self._last_error: OSError | None = None
+        self._last_error: Exception | None = None
 
     @property
     def every(self) -> int | None:
@@ -398,7 +400,7 @@ class CompactionSchedule:
         return self._every is not None and self._since >= self._every
 
     @property
-    def last_error(self) -> OSError | None:
+    def last_error(self) -> Exception | None:
         """Why the last automatic compaction failed, if it did."""
         return self._last_error
 
@@ -415,15 +417,17 @@ class CompactionSchedule:
         self._since = 0
 
     def run_if_due(self, compact: Callable[[], None]) -> None:
-        """Call `compact` if due; an `OSError` from it is kept in
-        `last_error` and the count starts again."""
+        """Call `compact` if due; an `Exception` from it is kept in
+        `last_error` and the count starts again (a BaseException, such as
+        KeyboardInterrupt, goes up)."""
         if not self.due:
             return
         try:
             compact()
-        except OSError as error:
+        except Exception as error:
             # A failure past the rename poisoned the journal, which rewrites
-            # itself before the next append anyway.
+            # itself before the next append anyway; one before any I/O (the
+            # snapshot) left the file as it was.
             self._last_error = error
             self._since = 0
         else:
@@ -536,7 +540,7 @@ class Journal(Generic[S]):
         return self._group_depth > 0
 
     @property
-    def last_compaction_error(self) -> OSError | None:
+    def last_compaction_error(self) -> Exception | None:
         """Why the last automatic compaction failed, if it did. It does not
         fail the append that triggered it: that record is already applied."""
         return self._compaction.last_error

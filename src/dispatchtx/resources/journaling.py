@@ -390,7 +390,7 @@ class AdapterJournal:
         return self._journal.in_group
 
     @property
-    def last_compaction_error(self) -> OSError | None:
+    def last_compaction_error(self) -> Exception | None:
         """Why the last automatic compaction failed, if it did; it does not
         fail the event that made it due, which is applied and durable."""
         return self._compaction.last_error
