@@ -79,6 +79,18 @@ def test_corrupt_object_is_detected(tmp_path: Path) -> None:
         objects.get(object_id)
 
 
+@pytest.mark.parametrize("rotted", [b"something else", b"", b"the true cont"])
+def test_put_replaces_a_rotted_object_instead_of_trusting_its_name(
+    tmp_path: Path, rotted: bytes
+) -> None:
+    objects = ObjectStore(RealFS(), str(tmp_path))
+    object_id = objects.put(b"the true content")
+    Path(objects.path_of(object_id)).write_bytes(rotted)
+    assert objects.put(b"the true content") == object_id
+    assert objects.get(object_id) == b"the true content"
+    assert os.listdir(tmp_path / "tmp") == []  # the temp was renamed into place
+
+
 BAD_OBJECT_IDS: list[object] = [
     "",
     "0" * 63,

@@ -81,7 +81,9 @@ class ObjectStore:
         """Store `content` durably and return its id.
 
         On return the object file and its directory entry are fsynced, whether
-        this call or an earlier writer created it. Raises `StoreIOError` if the
+        this call or an earlier writer created it; a file already at its name
+        that does not hold this content (rotted, or cut short) is replaced
+        atomically by one that does. Raises `StoreIOError` if the
         disk failed; an object may then exist or not (a later `put` of the same
         content is always safe).
         """
@@ -97,11 +99,18 @@ class ObjectStore:
             raise StoreIOError("writing a temp object", self._tmp, error) from error
         try:
             last_error: OSError | None = None
-            for _ in range(_PUT_ATTEMPTS):
+            for attempt in range(_PUT_ATTEMPTS):
                 try:
-                    # EEXIST: same name = same content; someone (maybe us) put it.
-                    with contextlib.suppress(FileExistsError):
-                        self._fs.link(temp, path)
+                    # After an ambiguous failure (a rename whose reply was
+                    # lost), the right bytes may be in place already.
+                    if not (attempt and self._holds(path, object_id)):
+                        try:
+                            self._fs.link(temp, path)
+                        except FileExistsError:
+                            # A name is not proof of its content: a rotted or
+                            # partial file must not stand for this result.
+                            if not self._holds(path, object_id):
+                                self._fs.rename(temp, path)  # atomic replacement
                     # Also after EEXIST: its writer may have died before this fsync.
                     self._fs.fsync_dir(directory)
                     return object_id
@@ -112,6 +121,14 @@ class ObjectStore:
             raise StoreIOError("linking an object into place", path, last_error) from last_error
         finally:
             self._discard_temp(temp)
+
+    def _holds(self, path: str, object_id: str) -> bool:
+        """Whether the file at `path` reads back as the object (False when
+        it cannot be read at all)."""
+        try:
+            return object_id_of(self._fs.read(path)) == object_id
+        except OSError:
+            return False
 
     def get(self, object_id: str) -> bytes:
         """The content of an object, verified against its id."""
