@@ -5,6 +5,9 @@
   the pure build, with a warning.
 - The compiled module's stub lives in `stubs/` and is copied into the wheel
   beside `py.typed`.
+- The wheel records whether the pure build was asked for
+  (`dispatchtx/_build.py`), so that an import of a pure build nobody asked
+  for (the compiler failed) warns instead of passing silently.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def warn(message: str) -> None:
 
 
 class BuildPyWithStubs(build_py):
-    """Ship the compiled module's stubs inside the package."""
+    """Ship the compiled module's stubs inside the package, and the build's
+    record of whether the pure build was asked for."""
 
     def run(self) -> None:
         super().run()
@@ -37,6 +41,10 @@ class BuildPyWithStubs(build_py):
         target.mkdir(parents=True, exist_ok=True)
         for stub in STUBS.glob("*.pyi"):
             shutil.copyfile(stub, target / stub.name)
+        (target / "_build.py").write_text(
+            '"""Written by setup.py when the wheel was built."""\n\n'
+            f"PURE_BUILD_REQUESTED = {NO_EXTENSIONS!r}\n"
+        )
 
 
 class OptionalBuildExt(build_ext):
@@ -64,8 +72,16 @@ def extensions() -> list[Extension]:
     except ImportError:
         warn("Cython is not installed; installing the pure build")
         return []
+    # -g0: the shipped extension carries no debug info (it is most of its size).
+    no_debug_info = [] if sys.platform == "win32" else ["-g0"]
     return cythonize(
-        [Extension("dispatchtx._core", ["src/dispatchtx/_core.pyx"])],
+        [
+            Extension(
+                "dispatchtx._core",
+                ["src/dispatchtx/_core.pyx"],
+                extra_compile_args=no_debug_info,
+            )
+        ],
         compiler_directives={"language_level": "3"},
     )
 
