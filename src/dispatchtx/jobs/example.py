@@ -14,7 +14,6 @@ directly: `mpiexec -n 3 python -m dispatchtx.jobs.example`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatchtx import COMPILED, DispatchTables, UnknownDispatch, WrongWorker
+from dispatchtx.jobs.arguments import JobParser, int_at_least
 
 TAG_WORK = 11
 TAG_RESULT = 12
@@ -196,9 +196,14 @@ def worker(comm: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="a self-checking dispatchtx loop over MPI")
-    parser.add_argument("--tasks", type=int, default=500)
-    parser.add_argument("--fault-every", type=int, default=7)
+    parser = JobParser(
+        prog="python -m dispatchtx.jobs.example",
+        description="a self-checking dispatchtx loop over MPI",
+    )
+    parser.add_argument("--tasks", type=int_at_least(1), default=500, help="tasks to dispatch")
+    parser.add_argument(
+        "--fault-every", type=int_at_least(1), default=7, help="every N-th send fails"
+    )
     args = parser.parse_args(argv)
     from mpi4py import MPI
 

@@ -30,6 +30,13 @@ from dispatchtx.coordinator.audit import audit
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
+from dispatchtx.jobs.arguments import (
+    JobParser,
+    float_between,
+    int_at_least,
+    new_file,
+    positive_float,
+)
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import StoreError, WorkStore
@@ -49,12 +56,18 @@ def parse_faults(text: str) -> dict[FaultPoint, float]:
             known = ", ".join(p.value for p in FaultPoint)
             message = f"unknown fault point {name!r}; one of {known}"
             raise argparse.ArgumentTypeError(message) from None
-        rates[point] = float(rate) if rate else 0.0
+        rates[point] = _rate(rate) if rate else 0.0
     return rates
 
 
+_rate = float_between(0.0, 1.0)
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser = JobParser(
+        prog="python -m dispatchtx.jobs.mpi_job",
+        description=__doc__.splitlines()[0] if __doc__ else "",
+    )
     parser.add_argument("--store", required=True, help="the shared store's directory")
     parser.add_argument(
         "--fs",
@@ -63,8 +76,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="the store on the real disk, or on the simulated in-memory FS (rank 0 only: "
         "for measuring the runtime without fsync costs)",
     )
-    parser.add_argument("--report", required=True, help="where rank 0 writes its JSON report")
-    parser.add_argument("--coordinator-id", default="coord-0")
+    parser.add_argument(
+        "--report", type=new_file, required=True, help="where rank 0 writes its JSON report"
+    )
+    parser.add_argument("--coordinator-id", default="coord-0", help="its name in the store")
     parser.add_argument(
         "--workload",
         choices=("hash", "fuzz"),
@@ -72,23 +87,35 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="hash: a small self-checking workload; fuzz: the campaign's coverage-guided "
         "fuzzing over bundled targets, every resource kind on every dispatch",
     )
-    parser.add_argument("--items", type=int, default=200, help="the work budget")
+    parser.add_argument("--items", type=int_at_least(1), default=200, help="the work budget")
     parser.add_argument(
-        "--batches-per-seed", type=int, default=2, help="fuzz: mutation batches per seed"
+        "--batches-per-seed",
+        type=int_at_least(1),
+        default=2,
+        help="fuzz: mutation batches per seed",
     )
-    parser.add_argument("--item-prefix", default="item")
-    parser.add_argument("--max-in-flight", type=int, default=1)
-    parser.add_argument("--deadline", type=float, default=2.0)
+    parser.add_argument("--item-prefix", default="item", help="hash: work ids' prefix")
     parser.add_argument(
-        "--strikes", type=int, default=3, help="missed deadlines in a row that lose a worker"
+        "--max-in-flight", type=int_at_least(1), default=1, help="dispatches per worker at once"
     )
-    parser.add_argument("--ttl", type=float, default=2.0)
+    parser.add_argument(
+        "--deadline", type=positive_float, default=2.0, help="seconds a dispatch may take"
+    )
+    parser.add_argument(
+        "--strikes",
+        type=int_at_least(1),
+        default=3,
+        help="missed deadlines in a row that lose a worker",
+    )
+    parser.add_argument(
+        "--ttl", type=positive_float, default=2.0, help="seconds a claim lives unrenewed"
+    )
     parser.add_argument("--faults", type=parse_faults, default={}, help="point=rate,...")
     parser.add_argument("--journal", help="this coordinator's local journal (a file path)")
     parser.add_argument("--results", help="a directory where triage links each result")
     parser.add_argument(
         "--disk-fault-rate",
-        type=float,
+        type=float_between(0.0, 1.0),
         default=0.0,
         help="inject EIO, ENOSPC, ESTALE, lost link replies and stale look-ups into this "
         "share of the store's and the journal's FS calls (a fault-injecting wrapper)",
@@ -98,17 +125,38 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         type=FaultPoint,
         help="SIGKILL this whole job (its process group) at this commit stage",
     )
-    parser.add_argument("--kill-rate", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hang-rank", type=int, default=0, help="a worker rank that hangs")
-    parser.add_argument("--hang-after", type=int, default=3, help="...after this many tasks")
+    parser.add_argument(
+        "--kill-rate",
+        type=float_between(0.0, 1.0),
+        default=0.05,
+        help="chance of the kill at each visit of --kill-at",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the fault draws")
+    parser.add_argument(
+        "--hang-rank", type=int_at_least(0), default=0, help="a worker rank that hangs (0: none)"
+    )
+    parser.add_argument(
+        "--hang-after", type=int_at_least(0), default=3, help="...after this many tasks"
+    )
     parser.add_argument(
         "--commit-batch",
-        type=int,
+        type=int_at_least(1),
         default=1,
         help="claim, and fence, up to this many items of one pass in one store batch",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    ranks = _world_size()
+    if args.hang_rank and ranks is not None and args.hang_rank >= ranks:
+        parser.error(f"--hang-rank {args.hang_rank} is not a worker rank of {ranks} ranks")
+    return args
+
+
+def _world_size() -> int | None:
+    """The job's size as the launcher tells it, before MPI starts."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
 
 
 def _coordinator(comm: Any, args: argparse.Namespace) -> int:

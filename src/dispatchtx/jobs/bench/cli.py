@@ -31,10 +31,10 @@ in its own process group and is killed as a group past its timeout.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from dispatchtx.jobs.arguments import JobParser, directory, new_file
 from dispatchtx.jobs.bench.common import Progress
 from dispatchtx.jobs.bench.config import DEFAULT, QUICK
 from dispatchtx.jobs.bench.sections import SECTIONS, run
@@ -42,10 +42,10 @@ from dispatchtx.jobs.bench.table import print_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dispatchtx bench", description=__doc__.splitlines()[0] if __doc__ else ""
+    parser = JobParser(prog="dispatchtx bench", description=__doc__)
+    parser.add_argument(
+        "--json", type=new_file, help="write every figure, sample and version to this file"
     )
-    parser.add_argument("--json", help="write every figure, sample and version to this file")
     parser.add_argument(
         "--quick", action="store_true", help="fewer items and repetitions: about a minute"
     )
@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         help="run only this section (repeatable; default: all five)",
     )
-    parser.add_argument("--dir", help="make the temp directory under this one (default: $TMPDIR)")
+    parser.add_argument(
+        "--dir",
+        type=directory,
+        help="make the temp directory under this one (default: $TMPDIR)",
+    )
     args = parser.parse_args(argv)
     progress = Progress()
     results = run(QUICK if args.quick else DEFAULT, progress, args.only or SECTIONS, args.dir)

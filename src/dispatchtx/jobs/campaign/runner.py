@@ -34,6 +34,7 @@ from typing import Any
 from dispatchtx.coordinator.audit import RunAudit
 from dispatchtx.coordinator.faults import FaultPoint
 from dispatchtx.fs import RealClock, RealFS
+from dispatchtx.jobs.arguments import CONFIGURATION_ERROR
 from dispatchtx.jobs.workloads.fuzz import check_campaign_dir, committed_slots
 from dispatchtx.jobs.workloads.hash import HashWorkload, result_name
 from dispatchtx.launch import kill_job, start_job
@@ -57,6 +58,11 @@ RATE_POINTS: tuple[FaultPoint, ...] = tuple(
     for point in FaultPoint
     if point not in KILL_STAGES and point is not FaultPoint.WORKER_HUNG
 )
+
+
+# Written into --out when a campaign starts: `dispatchtx campaign --replace`
+# removes only a directory that holds it.
+MARKER = ".dispatchtx-campaign"
 
 
 @dataclass
@@ -116,6 +122,7 @@ class Campaign:
         self.reports_dir = out / "reports"
         for directory in (self.store_dir, self.results_dir, self.reports_dir, out / "journals"):
             directory.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("a dispatchtx campaign's directory\n")
         self.started = time.monotonic()
         self.events: list[dict[str, Any]] = []
         self.progress: list[tuple[float, int]] = []
@@ -203,6 +210,16 @@ class Campaign:
         kill_job(launch.job)
         launch.ended = self.elapsed()
         status_path = Path(f"{launch.report_path}.status")
+        if launch.job.returncode == CONFIGURATION_ERROR and not status_path.exists():
+            # The job refused its own arguments before it started: a restart
+            # would refuse them again.
+            self.crashes.append(
+                f"{slot.name} attempt {launch.number} refused its configuration "
+                f"(exit {CONFIGURATION_ERROR}): not restarted"
+            )
+            self.event("refused", slot.name, "its configuration")
+            slot.dead_for_good = True
+            return
         status = json.loads(status_path.read_text()) if status_path.exists() else {}
         fired = status.get("faults_fired", {})
         planned = launch.kill_at is not None and bool(fired.get(launch.kill_at.value))
@@ -236,22 +253,17 @@ class Campaign:
     def run(self) -> dict[str, Any]:
         config = self.config
         simulate_report = self.out_path("simulate.json")
-        simulation = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dispatchtx",
-                "simulate",
-                "--schedules",
-                str(config.simulate_schedules),
-                "--seed",
-                str(config.seed),
-                "--json",
-                str(simulate_report),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        simulation = None
+        if config.simulate_schedules > 0:
+            simulation = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "dispatchtx", "simulate"),
+                    *("--schedules", str(config.simulate_schedules)),
+                    *("--seed", str(config.seed), "--json", str(simulate_report)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         for slot in self.slots:
             self.launch(slot)
         last_print = 0.0
@@ -274,10 +286,11 @@ class Campaign:
                     launch.job.wait()
         self.show_progress()
         print(file=sys.stderr)
-        try:
-            simulation.wait(timeout=max(60.0, config.timeout - self.elapsed()))
-        except subprocess.TimeoutExpired:
-            simulation.kill()
+        if simulation is not None:
+            try:
+                simulation.wait(timeout=max(60.0, config.timeout - self.elapsed()))
+            except subprocess.TimeoutExpired:
+                simulation.kill()
         report = self.report(simulate_report)
         self.out_path("campaign.json").write_text(json.dumps(report, indent=2))
         if config.picture:
@@ -428,7 +441,7 @@ class Campaign:
                 fired[f"simulated {name}"] += count
             if simulated.get("violations"):
                 problems.append(f"simulate found {simulated['violations']} violating schedules")
-        else:
+        elif config.simulate_schedules > 0:
             problems.append("the simulate run wrote no report")
         requested = {point.value for point in config.faults} | {
             stage.value for stage in config.kill_stages
