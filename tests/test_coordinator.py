@@ -465,3 +465,30 @@ def test_a_workload_whose_set_up_fails_leaves_no_heartbeat_thread() -> None:
     with pytest.raises(RuntimeError, match="set-up failed"):
         Coordinator(config, world.transport, world.store(), Broken(1))
     assert {thread.name for thread in threading.enumerate()} - before == set()
+
+
+def test_late_answers_of_a_worker_that_keeps_answering_do_not_lose_it() -> None:
+    # One worker, four in flight, a third of its answers held back past their
+    # deadline: each late one misses its deadline, but the worker answered
+    # since it was sent, so it is no strike (it was lost on 2 cores before).
+    world = make_world(workers=1, items=60, seed=3)
+    plan = FaultPlan({FaultPoint.STALE_RESULT: 0.35}, seed=3)
+    config = CoordinatorConfig("coord-a", max_in_flight=4, deadline=1.0, strikes=3)
+    coordinator = Coordinator(config, world.transport, world.store(), world.workload, faults=plan)
+    coordinator.run(max_steps=200_000)
+    assert coordinator.faults.fired[FaultPoint.STALE_RESULT] >= 10
+    assert coordinator.stats["deadlines missed"] >= 10
+    assert coordinator.lost_workers == set()
+    assert coordinator.stats["workers lost"] == 0
+    assert_clean_end(world, coordinator)
+
+
+def test_a_worker_silent_since_its_dispatches_were_sent_is_still_lost() -> None:
+    world = make_world(workers=2, items=20)
+    config = CoordinatorConfig("coord-a", max_in_flight=1, deadline=1.0, strikes=2)
+    coordinator = Coordinator(config, world.transport, world.store(), world.workload)
+    coordinator.step()
+    world.transport.crash(1)  # it never answers again
+    coordinator.run(max_steps=20_000)
+    assert coordinator.lost_workers == {1}
+    assert_clean_end(world, coordinator)

@@ -115,3 +115,30 @@ def test_pipelining_with_four_in_flight_per_worker(tmp_path: Path, ranks: int) -
     report = run_job(tmp_path, ranks, "--items", "80", "--max-in-flight", "4")
     assert_passed(report, 80)
     assert report["max_in_flight"] == 4
+
+
+@pytest.mark.parametrize("strikes", ["1", "3"])
+def test_a_job_with_a_hung_worker_ends_on_its_own(tmp_path: Path, strikes: str) -> None:
+    # strikes 1: the worker is declared lost; strikes 3: the run can finish
+    # on the other worker first. Either way mpiexec must exit by itself.
+    require_mpi()
+    report = tmp_path / "report.json"
+    job = start_job(
+        3,
+        "dispatchtx.jobs.mpi_job",
+        [
+            *("--store", str(tmp_path / "store"), "--report", str(report)),
+            *("--items", "30", "--deadline", "0.5", "--strikes", strikes),
+            *("--hang-rank", "2", "--hang-after", "2"),
+        ],
+    )
+    try:
+        status = job.wait(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mpiexec did not exit within {JOB_TIMEOUT} s with a hung worker")
+    finally:
+        kill_job(job)
+        job.wait()
+    result = json.loads(report.read_text())
+    assert_passed(result, 30)
+    assert status == 0

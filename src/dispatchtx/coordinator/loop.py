@@ -70,8 +70,9 @@ class CoordinatorConfig:
     coordinator_id: str
     max_in_flight: int = 1
     # A dispatch unanswered this long is discarded (its result may have been
-    # lost); a worker that misses `strikes` deadlines in a row is lost (a hung
-    # rank, a crashed worker).
+    # lost); a worker that misses `strikes` deadlines in a row, answering
+    # nothing since those dispatches were sent, is lost (a hung rank, a crashed
+    # worker).
     deadline: float = 5.0
     strikes: int = 3
     poll_timeout: float = 0.001
@@ -158,6 +159,10 @@ class Coordinator:
         self._recently_committed: set[int] = set()
         self._committed_order: deque[int] = deque()
         self._strikes: Counter[int] = Counter()
+        # When each worker last answered (anything): a dispatch that misses
+        # its deadline after its worker answered since its send is one late
+        # or lost answer, not a sign of a hung worker.
+        self._last_heard: dict[int, float] = {}
         self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
         self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
         # Results held back by the STALE_RESULT fault point, until past their deadline.
@@ -527,6 +532,7 @@ class Coordinator:
         """Everything up to and including `begin_commit`; returns what passed
         the fence, for `_past_fence`."""
         self._strikes[worker] = 0  # it answers, even garbled or late: not hung
+        self._last_heard[worker] = self.transport.now()
         if isinstance(message, bytes):
             self.stats.counts[Stat.MALFORMED_RESULTS] += 1
             log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
@@ -646,7 +652,13 @@ class Coordinator:
             if txn.worker in self.lost_workers:  # cannot happen; never leave one hanging
                 self._fenced_out(txn.id)
                 continue
-            self._strikes[txn.worker] += 1
+            sent_at = txn.sent_at
+            heard = self._last_heard.get(txn.worker)
+            if heard is not None and sent_at is not None and heard >= sent_at:
+                # It answered since this dispatch went out: not hung.
+                self._strikes[txn.worker] = 0
+            else:
+                self._strikes[txn.worker] += 1
             if self._strikes[txn.worker] >= self.config.strikes:
                 lost.add(txn.worker)
             else:

@@ -281,7 +281,34 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         json.dump(report, out, indent=2)
     os.replace(temporary, args.report)  # the caller polls for the report: whole or absent
     transport.close()
-    return 0 if report["passed"] else 1
+    status = 0 if report["passed"] else 1
+    if coordinator.lost_workers or not _workers_stopped(comm, grace=max(5.0, 2 * args.deadline)):
+        # A hung rank never reads its stop, and mpiexec waits for every rank:
+        # end the whole job (the report is written; nothing is left to do).
+        lost = ", ".join(str(w + 1) for w in sorted(coordinator.lost_workers)) or "none declared"
+        print(
+            f"mpi_job: not every worker stopped (lost ranks: {lost}); ending the job with "
+            "MPI_Abort",
+            file=sys.stderr,
+            flush=True,
+        )
+        comm.Abort(status)
+    return status
+
+
+def _workers_stopped(comm: Any, grace: float) -> bool:
+    """Whether every worker rank left its loop (each enters this barrier
+    after its stop), waiting up to `grace` seconds; polled with a bounded
+    back-off so that a waiting rank burns no core."""
+    request = comm.Ibarrier()
+    give_up = time.monotonic() + grace
+    pause = 0.0005
+    while not request.Test():
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return True
 
 
 def _kill_job(point: FaultPoint) -> None:
@@ -340,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         return bool(rank == args.hang_rank and tasks > args.hang_after)
 
     run_worker(comm, fuzz_task if args.workload == "fuzz" else hash_task, hang_when=hang_when)
+    # Tells rank 0 this worker stopped (a nonblocking barrier matches only
+    # its own kind: rank 0 waits in one, see _workers_stopped).
+    _workers_stopped(comm, grace=float("inf"))
     return 0
 
 
