@@ -492,3 +492,33 @@ def test_a_worker_silent_since_its_dispatches_were_sent_is_still_lost() -> None:
     coordinator.run(max_steps=20_000)
     assert coordinator.lost_workers == {1}
     assert_clean_end(world, coordinator)
+
+
+def test_a_full_disk_while_storing_results_does_not_hang_the_coordinator() -> None:
+    world = make_world(workers=3, items=12)
+    coordinator = world.coordinator()
+    coordinator.step()  # claims durable, work sent
+    assert len(coordinator.tables) > 0
+    # The disk is full: every temp file (result objects, commit records) fails.
+    world.fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.ENOSPC), op=Op.WRITE_TEMP))
+    steps_returned = threading.Event()
+
+    def a_few_steps() -> None:
+        for _ in range(20):
+            coordinator.step()
+        steps_returned.set()
+
+    stepping = threading.Thread(target=a_few_steps, daemon=True)
+    stepping.start()
+    stepping.join(timeout=20.0)
+    assert steps_returned.is_set(), "step() kept retrying a fence that stored nothing"
+    failed = coordinator.stats[Stat.FENCE_ATTEMPTS_FAILED]
+    assert failed >= 1
+    assert coordinator.stats[Stat.COMMITTED] == 0
+    # Failed fence attempts were given back (discarded): no dispatch of theirs
+    # is left, and no new claims were made into a full disk meanwhile.
+    assert len(coordinator.tables) <= 3 - min(failed, 3)
+    world.fs.fault = None  # space again: the run completes
+    coordinator.run(max_steps=50_000)
+    assert coordinator.stats[Stat.COMMITTED] >= 1
+    assert_clean_end(world, coordinator)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+import time
+from collections import deque
 from dataclasses import dataclass
 
 from dispatchtx import (
@@ -33,11 +34,12 @@ from dispatchtx import (
     UnknownDispatch,
     WrongWorker,
 )
+from dispatchtx.coordinator.config import CoordinatorConfig
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint, InjectedFault
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
+from dispatchtx.coordinator.workers import Strikes
 from dispatchtx.coordinator.workload import UNCLAIMED, DispatchTag, Workload
 from dispatchtx.fs import FS
-from dispatchtx.journal import FsyncPolicy
 from dispatchtx.resources import Leak
 from dispatchtx.resources.dispatch_log import DispatchLog
 from dispatchtx.resources.journaling import AdapterJournal
@@ -63,40 +65,11 @@ log = logging.getLogger("dispatchtx.coordinator")
 # coordinator never reuses one.
 ID_SHIFT = 40
 RECENTLY_COMMITTED = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
-    coordinator_id: str
-    max_in_flight: int = 1
-    # A dispatch unanswered this long is discarded (its result may have been
-    # lost); a worker that misses `strikes` deadlines in a row, answering
-    # nothing since those dispatches were sent, is lost (a hung rank, a crashed
-    # worker).
-    deadline: float = 5.0
-    strikes: int = 3
-    poll_timeout: float = 0.001
-    # How often leases are heartbeated and stalled peers looked for; None:
-    # a third of the store's TTL.
-    heartbeat_every: float | None = None
-    # The local work journal (dispatch history, local triage marks); None:
-    # no journal (tests of the runtime alone).
-    journal_path: str | None = None
-    journal_policy: FsyncPolicy = FsyncPolicy.EVERY
-    # Heartbeat the leases from a thread too, so that a triage that runs
-    # longer than the TTL cannot starve them (real clocks only: under the
-    # simulator's virtual time, steps heartbeat).
-    background_heartbeat: bool = False
-    # Group commit: up to this many claims of one pass over the free workers
-    # are made in one store batch, and up to this many results of one poll
-    # pass the fence in one (their slots' directories fsynced once, at the
-    # batch's end). 1: one at a time, the default: on this project's ext4
-    # disk larger batches did not pay (see the bench).
-    commit_batch: int = 1
-
-    def __post_init__(self) -> None:
-        if type(self.commit_batch) is not int or self.commit_batch < 1:
-            raise ValueError(f"commit_batch must be an int >= 1, got {self.commit_batch!r}")
+# Ambiguous fence retries back off from 1 ms to 50 ms; a fence attempt that
+# stored nothing pauses new claims from 2 ms up to 1 s.
+FENCE_RETRY_FIRST_PAUSE = 0.001
+FENCE_RETRY_MAX_PAUSE = 0.05
+STORE_FAILURE_MAX_BACKOFF = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,16 +131,16 @@ class Coordinator:
         self.wasted_cpu_seconds = 0.0
         self._recently_committed: set[int] = set()
         self._committed_order: deque[int] = deque()
-        self._strikes: Counter[int] = Counter()
-        # When each worker last answered (anything): a dispatch that misses
-        # its deadline after its worker answered since its send is one late
-        # or lost answer, not a sign of a hung worker.
-        self._last_heard: dict[int, float] = {}
+        self._strikes = Strikes(config.strikes)
         self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
         self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
         # Results held back by the STALE_RESULT fault point, until past their deadline.
         self._held_back: deque[tuple[float, int, Result | bytes]] = deque()
         self._next_heartbeat = float("-inf")
+        # A fence attempt that stored nothing (a full disk) pauses new claims
+        # for a while, doubling while the store keeps failing.
+        self._store_failures_in_row = 0
+        self._dispatch_paused_until = float("-inf")
         self._recovered = False
         # The first look for items to roll forward reads every item: after a
         # power loss the "maybe committing" marks may be gone.
@@ -288,6 +261,8 @@ class Coordinator:
     def _dispatch_to_free_workers(self) -> None:
         # O(dispatches made): free slots are kept, never searched for. A slot
         # given back in this pass (a refused claim) waits for the next one.
+        if self._dispatch_paused_until > self.transport.now():
+            return  # the store failed to take results: no new claims for now
         budget = len(self._free_slots)
         batch = self.config.commit_batch
         while budget > 0:
@@ -514,7 +489,8 @@ class Coordinator:
 
     def _settle_commits(self, passed: list[tuple[int, int, Result]]) -> None:
         for _, _, result in passed:
-            self._begin_commit(result.item, result.token, result.result)
+            # Their slots were linked in the batch: only the store's answer settles them.
+            self._begin_commit(result.item, result.token, result.result, maybe_published=True)
 
     def _carry_on(self, passed: list[tuple[int, int, Result]]) -> None:
         # Not batched: the releases (the workload's `done` among them) act on
@@ -531,8 +507,7 @@ class Coordinator:
     def _fence(self, worker: int, message: Result | bytes) -> tuple[int, int, Result] | None:
         """Everything up to and including `begin_commit`; returns what passed
         the fence, for `_past_fence`."""
-        self._strikes[worker] = 0  # it answers, even garbled or late: not hung
-        self._last_heard[worker] = self.transport.now()
+        self._strikes.heard(worker, self.transport.now())
         if isinstance(message, bytes):
             self.stats.counts[Stat.MALFORMED_RESULTS] += 1
             log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
@@ -556,6 +531,11 @@ class Coordinator:
             self._fenced_out(txn.id)
             return None
         outcome = self._begin_commit(message.item, message.token, message.result)
+        if outcome is None:
+            # Nothing stored: given back by the after-send rules, redone later.
+            self.wasted_cpu_seconds += message.cpu_seconds
+            self._fenced_out(txn.id)
+            return None
         if outcome is CommitOutcome.FENCED_OUT:
             self.stats.counts[Stat.FENCED_OUT] += 1
             self.wasted_cpu_seconds += message.cpu_seconds
@@ -578,23 +558,70 @@ class Coordinator:
         if len(self._committed_order) > RECENTLY_COMMITTED:
             self._recently_committed.discard(self._committed_order.popleft())
 
-    def _begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
-        """The fence. An ambiguous outcome is resolved before anything else:
-        the dispatch stays ACTIVE (never swept) until it is known."""
+    def _begin_commit(
+        self, work_id: str, token: int, result: bytes, *, maybe_published: bool = False
+    ) -> CommitOutcome | None:
+        """The fence. An ambiguous outcome (the commit slot may be there) is
+        resolved before anything else: the dispatch stays ACTIVE (never
+        swept) until it is known, retried with a bounded back-off during
+        which the heartbeats go on. An attempt known to have published
+        nothing (the store's `StoreIOError`: ENOSPC writing the result, a
+        failed read) returns None: a failed fence attempt, which the caller
+        discards. `maybe_published`: an earlier attempt may have linked the
+        slot, so nothing short of the store's answer settles it."""
+        pause = 0.0
         while True:
             try:
                 self.faults.check(FaultPoint.BEGIN_COMMIT_EIO)
                 outcome = self.store.begin_commit(work_id, token, result)
-            except (OutcomeUnknown, StoreIOError, OSError, InjectedFault) as error:
+            except StoreIOError as error:
+                if not maybe_published:
+                    self._store_failed(work_id, error)
+                    return None
+                self._retry_pause(pause, work_id, error)
+            except (OutcomeUnknown, OSError, InjectedFault) as error:
                 # Calling again settles it: the store kept our nonce.
-                self.stats.counts[Stat.BEGIN_COMMIT_RETRIED] += 1
-                log.info("begin_commit of %r unresolved, retrying: %s", work_id, error)
-                continue
-            if outcome is CommitOutcome.DUPLICATE:
-                # This token's commit is already there (an earlier attempt's):
-                # the store holds that result; triage it.
-                return CommitOutcome.COMMITTED
-            return outcome
+                maybe_published = True
+                self._retry_pause(pause, work_id, error)
+            else:
+                self._store_failures_in_row = 0
+                if outcome is CommitOutcome.DUPLICATE:
+                    # This token's commit is already there (an earlier attempt's):
+                    # the store holds that result; triage it.
+                    return CommitOutcome.COMMITTED
+                return outcome
+            pause = min(max(pause * 2, FENCE_RETRY_FIRST_PAUSE), FENCE_RETRY_MAX_PAUSE)
+
+    def _retry_pause(self, pause: float, work_id: str, error: Exception) -> None:
+        self.stats.counts[Stat.BEGIN_COMMIT_RETRIED] += 1
+        log.info("begin_commit of %r unresolved, retrying: %s", work_id, error)
+        if pause <= 0:
+            return
+        # Not a busy retry inside the lock: the heartbeat thread gets in, and
+        # without one the heartbeats fall due here too.
+        self._lock.release()
+        try:
+            time.sleep(pause)
+        finally:
+            self._lock.acquire()
+        if not self.config.background_heartbeat and self.transport.now() >= self._next_heartbeat:
+            self._next_heartbeat = self.transport.now() + self._heartbeat_every
+            self._heartbeat()
+
+    def _store_failed(self, work_id: str, error: StoreIOError) -> None:
+        self.stats.counts[Stat.FENCE_ATTEMPTS_FAILED] += 1
+        self._store_failures_in_row += 1
+        back_off = min(
+            FENCE_RETRY_FIRST_PAUSE * 2 ** min(self._store_failures_in_row, 30),
+            STORE_FAILURE_MAX_BACKOFF,
+        )
+        self._dispatch_paused_until = self.transport.now() + back_off
+        log.warning(
+            "the store took no commit of %r (%s): dispatch discarded, new claims paused %.3f s",
+            work_id,
+            error,
+            back_off,
+        )
 
     def _fenced_out(self, dispatch_id: int) -> None:
         failures = self.tables.fenced_out(dispatch_id)
@@ -652,14 +679,7 @@ class Coordinator:
             if txn.worker in self.lost_workers:  # cannot happen; never leave one hanging
                 self._fenced_out(txn.id)
                 continue
-            sent_at = txn.sent_at
-            heard = self._last_heard.get(txn.worker)
-            if heard is not None and sent_at is not None and heard >= sent_at:
-                # It answered since this dispatch went out: not hung.
-                self._strikes[txn.worker] = 0
-            else:
-                self._strikes[txn.worker] += 1
-            if self._strikes[txn.worker] >= self.config.strikes:
+            if self._strikes.missed(txn.worker, txn.sent_at):
                 lost.add(txn.worker)
             else:
                 self.stats.counts[Stat.DEADLINES_MISSED] += 1
@@ -677,7 +697,7 @@ class Coordinator:
         if worker not in self.lost_workers:
             return
         self.lost_workers.discard(worker)
-        self._strikes[worker] = 0
+        self._strikes.forgive(worker)
         # Its stale free slots are still queued: count them, and add the rest.
         occupied = sum(1 for txn in self.tables.in_flight(worker) if txn.phase.value <= 1)
         queued = self._free_slots.count(worker)

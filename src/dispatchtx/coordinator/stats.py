@@ -39,6 +39,7 @@ class Stat(StrEnum):
     MISMATCHED_RESULTS = "mismatched results dropped"
     STALE_RESULTS = "stale or duplicate results dropped"
     BEGIN_COMMIT_RETRIED = "begin_commit retried"
+    FENCE_ATTEMPTS_FAILED = "fence attempts that stored nothing"
     COMMIT_BATCHES = "group commits"  # batches of more than one result
     RESULTS_IN_BATCHES = "results in group commits"
     COMMIT_BATCHES_RETRIED = "group commits retried"
