@@ -14,7 +14,7 @@ from dispatchtx.fs import SimulatedClock, SimulatedFS
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.resources import Leak
 from dispatchtx.resources.dispatch_log import DispatchLog
-from dispatchtx.store import WorkStore
+from dispatchtx.store import WorkStore, item_key
 from dispatchtx.transport import SimulatedTransport
 
 
@@ -76,8 +76,28 @@ def test_the_audit_goes_through_json_and_back() -> None:
         ("a problem",),
         ("item-3",),
         {"gpu slots": 2},
+        {"ab12": "a corrupt record"},
     )
     assert RunAudit.from_json(json.loads(json.dumps(original.as_json()))) == original
+
+
+def test_an_item_no_one_can_read_fails_the_audit_without_crashing_it() -> None:
+    shared = store()
+    shared.register("coord-a")
+    for work_id in ("item-0", "item-1"):
+        assert shared.try_claim(work_id).token == 1
+    key = item_key("item-0")
+    shared_fs = shared._fs
+    shared_fs.pwrite(f"/store/items/{key}/s.0000000001", 0, b"rotted\n")
+    reader = WorkStore(shared_fs, "/store", SimulatedClock(), ttl=5.0)  # nothing cached
+    coordinator = Coordinator(
+        CoordinatorConfig("coord-b"), SimulatedTransport(1, hash_task), store(), HashWorkload(0)
+    )
+    found = audit(coordinator, reader)
+    assert not found.passed
+    assert list(found.unreadable) == [key]
+    assert found.unsettled == ("item-1",)
+    assert [s.work_id for s in unsettled_items(reader)] == ["item-1"]
 
 
 @pytest.mark.parametrize(

@@ -522,3 +522,48 @@ def test_a_full_disk_while_storing_results_does_not_hang_the_coordinator() -> No
     coordinator.run(max_steps=50_000)
     assert coordinator.stats[Stat.COMMITTED] >= 1
     assert_clean_end(world, coordinator)
+
+
+def test_a_result_for_an_item_whose_chain_turned_corrupt_is_counted_and_dropped() -> None:
+    world = make_world(workers=1, items=3)
+    coordinator = world.coordinator()
+    coordinator.step()  # item-0 claimed and sent
+    ((txn_id, tag),) = [(txn.id, txn.tag) for txn in coordinator.tables.in_flight()]
+    # Its claim slot rots before the result comes back; a fresh look must see it.
+    world.fs.pwrite(
+        f"{ROOT}/items/{item_key(tag.work_id)}/s.{tag.token:010d}", 0, b"rotted record\n"
+    )
+    coordinator.store._chains.clear()
+    coordinator.run(max_steps=20_000)  # step() never raises; the run ends
+    assert coordinator.stats[Stat.CORRUPT_ITEMS_DROPPED] == 1
+    assert tag.work_id in world.workload.dropped
+    assert coordinator.tables.get(txn_id) is None
+    assert world.workload.remaining() == 0
+    coordinator.shutdown()
+    assert coordinator.leaks() == []
+    assert {world.workload.status(w) for w in world.workload.items if w != tag.work_id} == {
+        QueueState.DONE
+    }
+
+
+def test_one_unreadable_committed_item_does_not_stop_roll_forward_of_the_others() -> None:
+    world = make_world(workers=2, items=6)
+    for peer in ("coord-b", "coord-c", "coord-d"):  # each killed after one commit
+        config = CoordinatorConfig(peer)
+        plan = FaultPlan({FaultPoint.KILL_AFTER_STORE_COMMIT: 1.0})
+        killed = Coordinator(config, world.transport, world.store(), world.workload, faults=plan)
+        with contextlib.suppress(CoordinatorKilled):
+            killed.run(max_steps=1_000)
+    committing = [s for s in world.store().items() if s.status is ItemStatus.COMMITTING]
+    assert len(committing) == 3
+    bad = committing[0]
+    assert bad.object_id is not None
+    objects = world.store().objects
+    world.fs.pwrite(objects.path_of(bad.object_id), 0, b"rotted")
+    restarted = world.coordinator()
+    restarted.run(max_steps=50_000)
+    assert restarted.stats[Stat.ITEMS_SET_ASIDE] == 1
+    assert restarted.stats[Stat.ROLLED_FORWARD_FOR_PEER] == 2
+    statuses = {s.work_id: s.status for s in restarted.store.items()}
+    assert statuses.pop(bad.work_id) is ItemStatus.COMMITTING  # reported, left alone
+    assert set(statuses.values()) == {ItemStatus.DONE}

@@ -1547,3 +1547,113 @@ def test_a_stale_absent_heartbeat_read_does_not_restart_the_watch(
     clock.advance(EXPIRY / 2)
     result = claimer.try_claim(WORK)
     assert (result.outcome, result.token) == (ClaimOutcome.CLAIMED, 2)
+
+
+def _three_stalled_commits(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> tuple[WorkStore, dict[str, int]]:
+    """Three items a stalled owner left COMMITTING, and a recoverer whose
+    watch has seen the owner stand still."""
+    owner = make_store(fs, clock, "owner")
+    tokens = {}
+    for work_id in ("bad", "good-1", "good-2"):
+        token = owner.claim(work_id)
+        assert token is not None
+        assert owner.begin_commit(work_id, token, f"{work_id} result".encode()) is (
+            CommitOutcome.COMMITTED
+        )
+        tokens[work_id] = token
+    recoverer = make_store(fs, clock, "recoverer")
+    assert recoverer.roll_forward_candidates() == []  # the first look starts the watch
+    clock.advance(EXPIRY + TTL)
+    return recoverer, tokens
+
+
+def test_a_rotted_result_object_does_not_hold_up_the_other_roll_forwards(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    recoverer, _ = _three_stalled_commits(fs, clock)
+    object_id = recoverer.read("bad").object_id
+    assert object_id is not None
+    fs.pwrite(recoverer.objects.path_of(object_id), 0, b"rotted!!")
+    candidates = recoverer.roll_forward_candidates()
+    assert sorted(c.work_id for c in candidates) == ["good-1", "good-2"]
+    (aside,) = recoverer.set_aside
+    assert aside.work_id == "bad" and aside.key == item_key("bad")
+    assert object_id in aside.reason
+    # Reported once: later looks skip it and still find the others.
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == ["good-1", "good-2"]
+    assert len(recoverer.set_aside) == 1
+    assert recoverer.read("bad").status is ItemStatus.COMMITTING  # never completed untriaged
+
+
+def test_a_missing_result_object_is_skipped_for_one_look_only(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    recoverer, _ = _three_stalled_commits(fs, clock)
+    object_id = recoverer.read("bad").object_id
+    assert object_id is not None
+    path = recoverer.objects.path_of(object_id)
+    content = fs.read(path)
+    fs.unlink(path)
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == ["good-1", "good-2"]
+    assert list(recoverer.deferred_in_last_look) == [item_key("bad")]
+    assert recoverer.set_aside == []  # "absent" may be a stale look-up: no verdict
+    fs.pwrite(path, 0, content)  # it shows up again
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == [
+        "bad",
+        "good-1",
+        "good-2",
+    ]
+
+
+def _fresh_recoverer(fs: SimulatedFS, clock: SimulatedClock) -> WorkStore:
+    """A coordinator that starts now (nothing cached) and has watched the
+    stalled owner for long enough."""
+    fresh = make_store(fs, clock, "fresh")
+    fresh.roll_forward_candidates(full=True)
+    clock.advance(EXPIRY + TTL)
+    return fresh
+
+
+def test_a_garbled_commit_slot_does_not_hold_up_the_other_roll_forwards(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    _, tokens = _three_stalled_commits(fs, clock)
+    fs.pwrite(slot_path("bad", tokens["bad"] + 1), 0, b"garbled garbled garbled\n")
+    recoverer = _fresh_recoverer(fs, clock)
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == ["good-1", "good-2"]
+    (aside,) = recoverer.set_aside
+    assert aside.key == item_key("bad")
+    survey = recoverer.survey()
+    assert item_key("bad") in survey.unreadable
+    assert sorted(s.work_id for s in survey.states) == ["good-1", "good-2"]
+
+
+def test_a_missing_first_slot_does_not_hold_up_the_other_roll_forwards(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    _three_stalled_commits(fs, clock)
+    fs.unlink(slot_path("bad", 0))
+    recoverer = _fresh_recoverer(fs, clock)
+    # Its "maybe committing" mark is a second name of that first record: the
+    # committed result is still rolled forward, the others too.
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == [
+        "bad",
+        "good-1",
+        "good-2",
+    ]
+    assert recoverer.set_aside == []
+
+
+def test_a_marked_item_that_cannot_be_identified_is_set_aside_not_skipped(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    _three_stalled_commits(fs, clock)
+    fs.unlink(slot_path("bad", 0))
+    fs.unlink(f"{ROOT}/committing/{item_key('bad')}")
+    fs.link(slot_path("good-1", 0), f"{ROOT}/committing/{item_key('bad')}")  # a foreign mark
+    recoverer = _fresh_recoverer(fs, clock)
+    assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == ["good-1", "good-2"]
+    (aside,) = recoverer.set_aside
+    assert aside.key == item_key("bad") and aside.work_id is None

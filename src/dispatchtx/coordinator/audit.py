@@ -23,8 +23,8 @@ SETTLED = (ItemStatus.DONE, ItemStatus.QUARANTINED)
 
 
 def unsettled_items(store: WorkStore) -> list[ItemState]:
-    """Every item of the store that is neither done nor quarantined."""
-    return [state for state in store.items() if state.status not in SETTLED]
+    """Every readable item of the store that is neither done nor quarantined."""
+    return [state for state in store.survey().states if state.status not in SETTLED]
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,12 @@ class RunAudit:
     problems: tuple[str, ...] = ()  # what the workload found wrong
     unsettled: tuple[str, ...] = ()  # work ids the store holds unsettled
     figures: dict[str, int] = field(default_factory=dict)  # the workload's own counts
+    # Items of the store that cannot be read at all: key -> what is wrong.
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return not (self.leaks or self.problems or self.unsettled)
+        return not (self.leaks or self.problems or self.unsettled or self.unreadable)
 
     def leaks_per_resource(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -53,6 +55,7 @@ class RunAudit:
             "problems": list(self.problems),
             "unsettled": list(self.unsettled),
             "figures": dict(self.figures),
+            "unreadable": dict(self.unreadable),
         }
 
     @classmethod
@@ -70,6 +73,7 @@ class RunAudit:
                 tuple(str(problem) for problem in data["problems"]),
                 tuple(str(work_id) for work_id in data["unsettled"]),
                 {str(name): _int(count) for name, count in data["figures"].items()},
+                {str(key): str(why) for key, why in data.get("unreadable", {}).items()},
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"malformed audit: {error!r}") from error
@@ -91,10 +95,14 @@ def audit(coordinator: Coordinator, store: WorkStore | None = None) -> RunAudit:
     that reads the shared directory without injected faults), also the
     items left unsettled there."""
     workload = coordinator.workload
-    unsettled = () if store is None else tuple(s.work_id for s in unsettled_items(store))
+    survey = None if store is None else store.survey()
+    unsettled = (
+        () if survey is None else tuple(s.work_id for s in survey.states if s.status not in SETTLED)
+    )
     return RunAudit(
         tuple(coordinator.leaks()),
         tuple(workload.problems()),
         unsettled,
         dict(workload.figures()),
+        {} if survey is None else dict(survey.unreadable),
     )

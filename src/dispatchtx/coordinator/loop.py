@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from dispatchtx import (
     CompensationError,
@@ -36,6 +35,7 @@ from dispatchtx import (
 )
 from dispatchtx.coordinator.config import CoordinatorConfig
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint, InjectedFault
+from dispatchtx.coordinator.recovery import Committed, Recovery
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.coordinator.workers import Strikes
 from dispatchtx.coordinator.workload import UNCLAIMED, DispatchTag, Workload
@@ -49,7 +49,8 @@ from dispatchtx.store import (
     ClaimResult,
     CommitOutcome,
     CompleteOutcome,
-    ItemStatus,
+    CorruptRecord,
+    InvalidToken,
     OutcomeUnknown,
     StoreError,
     StoreIOError,
@@ -72,14 +73,7 @@ FENCE_RETRY_MAX_PAUSE = 0.05
 STORE_FAILURE_MAX_BACKOFF = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Committed:
-    work_id: str
-    token: int
-    result: bytes
-
-
-class Coordinator:
+class Coordinator(Recovery):
     """One coordinator incarnation."""
 
     def __init__(
@@ -132,7 +126,7 @@ class Coordinator:
         self._recently_committed: set[int] = set()
         self._committed_order: deque[int] = deque()
         self._strikes = Strikes(config.strikes)
-        self._committed: dict[int, _Committed] = {}  # COMMITTING dispatches' results
+        self._committed: dict[int, Committed] = {}  # COMMITTING dispatches' results
         self._parked: list[int] = []  # COMMITTING dispatches whose triage failed
         # Results held back by the STALE_RESULT fault point, until past their deadline.
         self._held_back: deque[tuple[float, int, Result | bytes]] = deque()
@@ -364,6 +358,10 @@ class Coordinator:
             if not isinstance(error, Exception):
                 raise
             self._dispatch_failed(work_id, worker, error)
+            if isinstance(error, CorruptRecord):
+                # Its chain cannot be read: a claim would fail again, forever.
+                self.stats.counts[Stat.CORRUPT_ITEMS_DROPPED] += 1
+                self.workload.drop(work_id, "corrupt")
             return None
 
     def _send(
@@ -530,7 +528,18 @@ class Coordinator:
             self.wasted_cpu_seconds += message.cpu_seconds
             self._fenced_out(txn.id)
             return None
-        outcome = self._begin_commit(message.item, message.token, message.result)
+        try:
+            outcome = self._begin_commit(message.item, message.token, message.result)
+        except (CorruptRecord, InvalidToken) as error:
+            # The item's chain cannot be read (or names no such claim): count
+            # it, give the dispatch back, and drop the item rather than
+            # redispatching it forever.
+            self.stats.counts[Stat.CORRUPT_ITEMS_DROPPED] += 1
+            log.warning("dropped the result of %r: its chain is corrupt: %s", message.item, error)
+            self.wasted_cpu_seconds += message.cpu_seconds
+            self._fenced_out(txn.id)
+            self.workload.drop(message.item, "corrupt")
+            return None
         if outcome is None:
             # Nothing stored: given back by the after-send rules, redone later.
             self.wasted_cpu_seconds += message.cpu_seconds
@@ -546,7 +555,7 @@ class Coordinator:
     def _past_fence(self, dispatch_id: int, worker: int, message: Result) -> None:
         self._remember_committed(dispatch_id)
         self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
-        self._committed[dispatch_id] = _Committed(message.item, message.token, message.result)
+        self._committed[dispatch_id] = Committed(message.item, message.token, message.result)
         self._free_slot(worker)  # the result is in hand: the worker is free (D1)
         self._commit(dispatch_id)  # committing() moves it past the fence
 
@@ -646,7 +655,7 @@ class Coordinator:
         del self._committed[dispatch_id]
         self.stats.counts[Stat.COMMITTED] += 1
 
-    def _triage(self, committed: _Committed, *, owner: bool) -> None:
+    def _triage(self, committed: Committed, *, owner: bool) -> None:
         faults = self.faults
         faults.check(FaultPoint.TRIAGE_EIO)
         faults.kill_point(FaultPoint.KILL_MID_TRIAGE)
@@ -713,57 +722,6 @@ class Coordinator:
             return
         self.stats.counts[Stat.LEASES_FOUND_LOST] += len(lost)
 
-    def _close_stale_entries(self) -> None:
-        """Dispatches an earlier incarnation journaled and never ended: the
-        store has settled (or will settle) their items; close them."""
-        log_ = self.dispatch_log
-        if log_ is None:
-            return
-        for entry in log_.stale():
-            try:
-                status = self.store.read(entry.work_id).status
-                if status is ItemStatus.COMMITTING:
-                    continue  # to be rolled forward first; closed at a later round
-                log_.close_stale(entry.dispatch_id, committed=status is ItemStatus.DONE)
-            except Exception as error:  # the store or the journal: retried next round
-                self.stats.counts[Stat.STALE_ENTRIES_LEFT] += 1
-                log.info("closing stale dispatch %d failed: %s", entry.dispatch_id, error)
-                continue
-            self.stats.counts[Stat.STALE_ENTRIES_CLOSED] += 1
-
-    def roll_forward(self) -> int:
-        """Finish every item a stalled owner (or an earlier incarnation of
-        this coordinator) left COMMITTING: rerun triage from the stored
-        result, then complete. Returns how many were rolled forward. Until
-        one look at every item in the store succeeded, it looks at every item;
-        then only at those marked "maybe committing"."""
-        rolled = 0
-        try:
-            if self._full_look_due:
-                for key in self.store.mark_committing_items():
-                    self.stats.counts[Stat.UNREADABLE_ITEMS] += 1
-                    log.warning("item %s has corrupt records; it is left alone", key)
-                self._full_look_due = False
-            candidates = self.store.roll_forward_candidates(self.transport.now())
-        except StoreError as error:
-            self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
-            log.info("looking for items to roll forward failed: %s", error)
-            return 0
-        for candidate in candidates:
-            owner = candidate.state.owner
-            mine = owner is not None and owner.coordinator == self.config.coordinator_id
-            committed = _Committed(candidate.work_id, candidate.token, candidate.result)
-            try:
-                self._triage(committed, owner=mine)
-            except Exception as error:
-                self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
-                log.info("rolling %r forward failed, will retry: %s", candidate.work_id, error)
-                continue
-            self.workload.done(candidate.work_id)
-            rolled += 1
-            self.stats.counts[Stat.ROLLED_FORWARD if mine else Stat.ROLLED_FORWARD_FOR_PEER] += 1
-        return rolled
-
     # -- audit ---------------------------------------------------------------------
 
     def leaks(self) -> list[Leak]:
@@ -778,17 +736,3 @@ class Coordinator:
         )
         leaks.extend(self.workload.leaks())
         return leaks
-
-    def adopt_orphans(self) -> bool:
-        """Offer the workload every item the store holds unsettled (neither
-        done nor quarantined): items only a peer killed for good knew are
-        finished by whoever adopts them. True while the workload will finish
-        some such item, so the caller keeps stepping; a store error (a disk
-        fault) is True too: look again."""
-        finished = (ItemStatus.DONE, ItemStatus.QUARANTINED)
-        try:
-            unsettled = [s.work_id for s in self.store.items() if s.status not in finished]
-            adopted = [self.workload.adopt(work_id) for work_id in unsettled]
-        except (StoreError, OSError):
-            return True
-        return any(adopted)

@@ -81,6 +81,8 @@ from dispatchtx.store.records import (
     Owner,
     Record,
     RollForward,
+    SetAside,
+    Survey,
     item_key,
     validate_coordinator_id,
 )
@@ -113,6 +115,8 @@ __all__ = [
     "Owner",
     "Record",
     "RollForward",
+    "SetAside",
+    "Survey",
     "SlotChains",
     "StoreError",
     "StoreIOError",

@@ -16,6 +16,7 @@ from dispatchtx.store.errors import (
     CorruptObject,
     CorruptRecord,
     NotOwner,
+    ObjectNotFound,
     StoreError,
     StoreIOError,
     _shown,
@@ -37,6 +38,8 @@ from dispatchtx.store.records import (
     Owner,
     Record,
     RollForward,
+    SetAside,
+    Survey,
     _decode_fields,
     _encode_fields,
     _FieldReader,
@@ -393,6 +396,21 @@ class WorkStore(SlotChains):
             states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
         return states
 
+    def survey(self) -> Survey:
+        """`items()` that does not stop at an item it cannot read: those are
+        listed apart, by key, with the reason (for audits and reports)."""
+        states = []
+        unreadable: dict[str, str] = {}
+        for key in self._item_keys():
+            try:
+                work_id = self._work_id_of(key)
+                if work_id is None:
+                    continue
+                states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
+            except (CorruptRecord, StoreIOError) as error:
+                unreadable[key] = str(error)
+        return Survey(states, unreadable)
+
     def items_by_status(self) -> dict[ItemStatus, list[ItemState]]:
         """`items()` grouped by status (every status is a key)."""
         grouped: dict[ItemStatus, list[ItemState]] = {status: [] for status in ItemStatus}
@@ -409,6 +427,7 @@ class WorkStore(SlotChains):
         `roll_forward_candidates`. An item whose records are corrupt is
         skipped, not fatal: its key is returned."""
         unreadable = []
+        self._set_aside.clear()  # the full look reads every item afresh
         for key in self._item_keys():
             try:
                 work_id = self._work_id_of(key)
@@ -436,15 +455,39 @@ class WorkStore(SlotChains):
         for key in names:
             if _KEY.fullmatch(key) is None:
                 continue  # not ours (a temp of an editor, say): never a path we built
-            work_id = self._work_id_of(key)
-            if work_id is None:
+            if key in self._set_aside:
+                continue  # reported once; it must not hold up the others
+            try:
+                work_id = self._work_id_of(key) or self._work_id_of_mark(key)
+                state = self._state(key, work_id, self._load(key, work_id, create=False))
+            except CorruptRecord as error:
+                self._set_aside[key] = SetAside(key, self._work_ids.get(key), str(error))
                 continue
-            state = self._state(key, work_id, self._load(key, work_id, create=False))
+            except StoreIOError as error:
+                self._deferred_in_look[key] = str(error)  # the next look tries again
+                continue
             if state.status is ItemStatus.COMMITTING:
                 states.append(state)
             elif state.status in (ItemStatus.DONE, ItemStatus.QUARANTINED):
                 self._unmark_committing(key)
         return states
+
+    def _work_id_of_mark(self, key: str) -> str:
+        """An item marked "maybe committing" whose first record is gone: the
+        mark is a second name of that record, so the work id is read there.
+        CorruptRecord if that cannot be done either."""
+        path = f"{self._committing}/{key}"
+        try:
+            first = Record.decode(self._fs.read(path), path, key, 0)
+        except FileNotFoundError:
+            raise CorruptRecord(path, "its first record is missing, and so is its mark") from None
+        except OSError as error:
+            raise StoreIOError("reading a committing mark", path, error) from error
+        work_id = first.work_id
+        if work_id is None or hashlib.sha256(work_id.encode("utf-8")).hexdigest() != key:
+            raise CorruptRecord(path, "its first record is missing, and its mark is foreign")
+        self._work_ids[key] = work_id
+        return work_id
 
     def _mark_committing(self, key: str) -> None:
         """Mark the item "maybe committing" before its commit slot is linked."""
@@ -495,6 +538,7 @@ class WorkStore(SlotChains):
         full look)."""
         now = self._now(now)
         candidates = []
+        self._deferred_in_look = {}
         if full:
             self.mark_committing_items()
         for state in self._marked_committing():
@@ -503,8 +547,33 @@ class WorkStore(SlotChains):
                 continue  # ours: this incarnation is finishing it
             predecessor = self._owner is not None and state.owner.is_predecessor_of(self._owner)
             if predecessor or self._stalled(state.key, state.token, now):
-                candidates.append(RollForward(state, self._result_of(state)))
+                try:
+                    result = self._result_of(state)
+                except CorruptObject as error:
+                    # Committed, but its result is rotted: reported and left
+                    # COMMITTING (never completed without its triage).
+                    self._set_aside[state.key] = SetAside(state.key, state.work_id, str(error))
+                    continue
+                except (ObjectNotFound, StoreIOError) as error:
+                    # "Absent" may be a stale look-up, and a read may fail
+                    # once: skipped for this look only, the next one retries.
+                    self._deferred_in_look[state.key] = str(error)
+                    continue
+                candidates.append(RollForward(state, result))
         return candidates
+
+    @property
+    def deferred_in_last_look(self) -> dict[str, str]:
+        """Items the last roll-forward look skipped for a read that may
+        succeed next time (a failed read, a result object not found): key ->
+        the error. They hold up no other item."""
+        return dict(self._deferred_in_look)
+
+    @property
+    def set_aside(self) -> list[SetAside]:
+        """Items the roll-forward looks of this store could not read, in the
+        order found; the looks skip them from then on (each is reported once)."""
+        return list(self._set_aside.values())
 
     def _result_of(self, state: ItemState) -> bytes:
         assert state.object_id is not None

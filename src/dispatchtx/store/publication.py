@@ -34,6 +34,7 @@ from dispatchtx.store.records import (
     Change,
     Owner,
     Record,
+    SetAside,
     _check_transition,
     _new_nonce,
     _Published,
@@ -122,6 +123,10 @@ class SlotChains:
         # time it was first seen). Watching another token replaces it.
         self._watch: dict[str, tuple[int, object, float]] = {}
         self._beats: dict[tuple[str, int], int] = {}
+        # Items a roll-forward look could not read: key -> what was wrong.
+        self._set_aside: dict[str, SetAside] = {}
+        # Items the last look skipped for a read that may succeed later.
+        self._deferred_in_look: dict[str, str] = {}
 
     # -- configuration -------------------------------------------------------
 

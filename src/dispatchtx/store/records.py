@@ -38,6 +38,8 @@ __all__ = [
     "Owner",
     "Record",
     "RollForward",
+    "SetAside",
+    "Survey",
     "item_key",
     "validate_coordinator_id",
 ]
@@ -442,6 +444,27 @@ class RollForward:
     def token(self) -> int:
         assert self.state.token is not None
         return self.state.token
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """An item a roll-forward look could not read (a corrupt record, a
+    rotted or missing result object): reported and left alone, so that it
+    cannot hold up the other items. `work_id` is None when its first record
+    is what cannot be read."""
+
+    key: str
+    work_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """Every item of the store: the states that could be read, and the keys
+    (with the reason) of those that could not."""
+
+    states: list[ItemState]
+    unreadable: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)

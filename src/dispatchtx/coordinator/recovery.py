@@ -1,0 +1,131 @@
+"""The coordinator's recovery (docs/design.md, roll-forward): finishing the
+items that a stalled owner, or an earlier incarnation of this coordinator,
+left COMMITTING; closing the journal entries an earlier incarnation left
+open; adopting the items only a peer killed for good knew. A part of
+`Coordinator`, kept apart so that each module stays one part."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dispatchtx.coordinator.config import CoordinatorConfig
+from dispatchtx.coordinator.stats import CoordinatorStats, Stat
+from dispatchtx.coordinator.workload import Workload
+from dispatchtx.resources.dispatch_log import DispatchLog
+from dispatchtx.store import ItemStatus, StoreError, WorkStore
+from dispatchtx.transport import Transport
+
+__all__ = ["Committed", "Recovery"]
+
+log = logging.getLogger("dispatchtx.coordinator")
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A result past the fence, kept until its triage and `done`."""
+
+    work_id: str
+    token: int
+    result: bytes
+
+
+class Recovery:
+    """Recovery of `Coordinator` (which provides what is declared here)."""
+
+    config: CoordinatorConfig
+    transport: Transport
+    store: WorkStore
+    workload: Workload
+    stats: CoordinatorStats
+    dispatch_log: DispatchLog | None
+    _full_look_due: bool
+
+    if TYPE_CHECKING:
+
+        def _triage(self, committed: Committed, *, owner: bool) -> None: ...
+
+    def _close_stale_entries(self) -> None:
+        """Dispatches an earlier incarnation journaled and never ended: the
+        store has settled (or will settle) their items; close them."""
+        log_ = self.dispatch_log
+        if log_ is None:
+            return
+        for entry in log_.stale():
+            try:
+                status = self.store.read(entry.work_id).status
+                if status is ItemStatus.COMMITTING:
+                    continue  # to be rolled forward first; closed at a later round
+                log_.close_stale(entry.dispatch_id, committed=status is ItemStatus.DONE)
+            except Exception as error:  # the store or the journal: retried next round
+                self.stats.counts[Stat.STALE_ENTRIES_LEFT] += 1
+                log.info("closing stale dispatch %d failed: %s", entry.dispatch_id, error)
+                continue
+            self.stats.counts[Stat.STALE_ENTRIES_CLOSED] += 1
+
+    def roll_forward(self) -> int:
+        """Finish every item a stalled owner (or an earlier incarnation of
+        this coordinator) left COMMITTING: rerun triage from the stored
+        result, then complete. Returns how many were rolled forward. Until
+        one look at every item in the store succeeded, it looks at every item;
+        then only at those marked "maybe committing"."""
+        rolled = 0
+        try:
+            if self._full_look_due:
+                for key in self.store.mark_committing_items():
+                    self.stats.counts[Stat.UNREADABLE_ITEMS] += 1
+                    log.warning("item %s has corrupt records; it is left alone", key)
+                self._full_look_due = False
+            known = len(self.store.set_aside)
+            candidates = self.store.roll_forward_candidates(self.transport.now())
+        except StoreError as error:
+            self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
+            log.info("looking for items to roll forward failed: %s", error)
+            return 0
+        deferred = self.store.deferred_in_last_look
+        if deferred:
+            self.stats.counts[Stat.ROLL_FORWARD_DEFERRED] += len(deferred)
+            log.info("roll-forward skipped %d item(s) for now: %s", len(deferred), deferred)
+        for aside in self.store.set_aside[known:]:
+            # One unreadable item must not hold up the others: reported once.
+            self.stats.counts[Stat.ITEMS_SET_ASIDE] += 1
+            log.warning(
+                "item %s (%r) cannot be rolled forward, set aside: %s",
+                aside.key,
+                aside.work_id,
+                aside.reason,
+            )
+            if aside.work_id is not None:  # not waited for: the run can end
+                self.workload.drop(aside.work_id, "set aside: its commit cannot be read")
+        for candidate in candidates:
+            owner = candidate.state.owner
+            mine = owner is not None and owner.coordinator == self.config.coordinator_id
+            committed = Committed(candidate.work_id, candidate.token, candidate.result)
+            try:
+                self._triage(committed, owner=mine)
+            except Exception as error:
+                self.stats.counts[Stat.ROLL_FORWARD_FAILURES] += 1
+                log.info("rolling %r forward failed, will retry: %s", candidate.work_id, error)
+                continue
+            self.workload.done(candidate.work_id)
+            rolled += 1
+            self.stats.counts[Stat.ROLLED_FORWARD if mine else Stat.ROLLED_FORWARD_FOR_PEER] += 1
+        return rolled
+
+    def adopt_orphans(self) -> bool:
+        """Offer the workload every item the store holds unsettled (neither
+        done nor quarantined): items only a peer killed for good knew are
+        finished by whoever adopts them. True while the workload will finish
+        some such item, so the caller keeps stepping; a store error (a disk
+        fault) is True too: look again."""
+        finished = (ItemStatus.DONE, ItemStatus.QUARANTINED)
+        try:
+            # survey(): an item no one can read is no orphan to finish (the
+            # audit reports it), and must not keep the run going forever.
+            states = self.store.survey().states
+            unsettled = [s.work_id for s in states if s.status not in finished]
+            adopted = [self.workload.adopt(work_id) for work_id in unsettled]
+        except (StoreError, OSError):
+            return True
+        return any(adopted)
