@@ -1006,3 +1006,40 @@ def test_a_compaction_whose_snapshot_does_not_encode_does_not_fail_the_append() 
     assert journal.append(put(3)) == ["unencodable", 2, 3]  # later appends work too
     assert not poisoned(journal)
     assert Journal(fs, PATH, MODEL).state == ["unencodable", 2, 3]  # each applied once
+
+
+@pytest.mark.parametrize("policy", [FsyncPolicy.GROUP, FsyncPolicy.NONE])
+def test_a_damaged_snapshot_on_line_1_is_corruption_not_an_unsynced_tail(
+    policy: FsyncPolicy,
+) -> None:
+    fs = new_fs()
+    journal = open_journal(fs, policy)
+    for value in range(5):
+        journal.append(put(value))
+    journal.compact()  # line 1: a snapshot, fsynced before its rename
+    for value in range(5, 8):
+        journal.append(put(value))
+    journal.sync()
+    data = bytearray(fs.read(PATH))
+    first_line_end = data.index(b"\n")
+    assert data.startswith(b"%08x" % zlib.crc32(bytes(data[9:first_line_end])))
+    data[first_line_end - 3] ^= 0x01  # one flipped bit inside the snapshot's state
+    fs.pwrite(PATH, 0, bytes(data))
+    with pytest.raises(JournalCorrupt, match="damaged snapshot"):
+        open_journal(fs, policy)
+    assert fs.read(PATH) == bytes(data), "the journal was cut: every synced record gone"
+
+
+@pytest.mark.parametrize("policy", [FsyncPolicy.GROUP, FsyncPolicy.NONE])
+def test_a_lost_first_event_under_a_weak_policy_is_still_an_unsynced_tail(
+    policy: FsyncPolicy,
+) -> None:
+    fs = new_fs()
+    journal = open_journal(fs, policy)
+    for value in range(3):
+        journal.append(put(value))
+    data = bytearray(fs.read(PATH))
+    data[12] ^= 0x01  # line 1 is an event (never compacted): may be unsynced
+    fs.pwrite(PATH, 0, bytes(data))
+    reopened = open_journal(fs, policy)
+    assert reopened.state == []

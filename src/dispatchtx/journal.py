@@ -48,6 +48,7 @@ from __future__ import annotations
 import errno
 import json
 import os.path
+import re
 import zlib
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -292,6 +293,11 @@ def _fold(record: _Record, state: S, model: JournalModel[S], path: str, line_num
         ) from error
 
 
+# How a snapshot line begins (an event's second key is "kind"): enough of it
+# survives one flipped bit elsewhere in the line to tell what the line was.
+_SNAPSHOT_START = re.compile(rb'[0-9a-f]{8} \{"seq":[0-9]+,"snapshot":')
+
+
 def _replay_bytes(
     data: bytes, path: str, model: JournalModel[S], policy: FsyncPolicy
 ) -> _Replayed[S]:
@@ -324,6 +330,16 @@ def _replay_bytes(
             # leaves a hole, so this is damage, not a lost tail.
             raise JournalCorrupt(
                 path, line_number, f"{reason}, followed by {valid_after} valid record(s)"
+            )
+        if valid_after and line_number == 1 and _SNAPSHOT_START.match(line):
+            # A compaction's snapshot is fsynced before its rename makes it
+            # line 1, under every policy: damaged while records follow, it is
+            # corruption to report, never an unsynced tail to cut (that would
+            # drop every synced record with it).
+            raise JournalCorrupt(
+                path,
+                line_number,
+                f"{reason}: a damaged snapshot, followed by {valid_after} valid record(s)",
             )
         if valid_after:
             # Without an fsync per record, a power loss may keep a later page
