@@ -32,6 +32,8 @@ from dispatchtx.fs import (
     SimulatedTime,
 )
 from dispatchtx.store import (
+    MAX_INCARNATION,
+    MAX_WORK_ID_BYTES_LIMIT,
     AbandonOutcome,
     Change,
     ClaimOutcome,
@@ -1657,3 +1659,107 @@ def test_a_marked_item_that_cannot_be_identified_is_set_aside_not_skipped(
     assert sorted(c.work_id for c in recoverer.roll_forward_candidates()) == ["good-1", "good-2"]
     (aside,) = recoverer.set_aside
     assert aside.key == item_key("bad") and aside.work_id is None
+
+
+# ---------------------------------------------------------------------------
+# Limits: what a store accepts stays readable, junk locks nobody out
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "junk_name",
+    [f"coord.{10**30}", f"coord.{MAX_INCARNATION + 1}", "coord.5"],
+    ids=["huge number", "past the range", "junk content"],
+)
+def test_a_junk_incarnation_name_locks_no_coordinator_out(
+    junk_name: str, fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    make_store(fs, clock, "other")  # lays out the incarnations directory
+    fs.write_temp(f"{ROOT}/incarnations", b"not a registration")
+    (temp,) = [n for n in fs.listdir(f"{ROOT}/incarnations") if not n.startswith("other")]
+    fs.rename(f"{ROOT}/incarnations/{temp}", f"{ROOT}/incarnations/{junk_name}")
+    owners = [make_store(fs, clock, "coord").owner for _ in range(6)]
+    expected = [1, 2, 3, 4, 6, 7] if junk_name == "coord.5" else [1, 2, 3, 4, 5, 6]
+    assert owners == [Owner("coord", n) for n in expected]
+
+
+def test_a_coordinator_id_out_of_incarnations_is_refused(
+    fs: SimulatedFS, clock: SimulatedClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dispatchtx.store.claims.MAX_INCARNATION", 2)
+    assert [make_store(fs, clock, "coord").owner for _ in range(2)] == [
+        Owner("coord", 1),
+        Owner("coord", 2),
+    ]
+    with pytest.raises(StoreError, match="used all 2 incarnations"):
+        make_store(fs, clock, "coord")
+    assert make_store(fs, clock, "other").owner == Owner("other", 1)
+
+
+def test_a_work_id_limit_past_what_a_record_holds_is_refused(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    with pytest.raises(ValueError, match="max_work_id_bytes"):
+        make_store(fs, clock, max_work_id_bytes=MAX_WORK_ID_BYTES_LIMIT + 1)
+    # At the limit, the worst id (every byte escaped sixfold) stays readable.
+    store = make_store(fs, clock, "coord", max_work_id_bytes=MAX_WORK_ID_BYTES_LIMIT)
+    work_id = "\x01" * MAX_WORK_ID_BYTES_LIMIT
+    token = store.claim(work_id)
+    assert token == 1
+    assert store.begin_commit(work_id, token, RESULT) is CommitOutcome.COMMITTED
+    assert store.read(work_id).status is ItemStatus.COMMITTING
+    later = make_store(fs, clock, "later", max_work_id_bytes=MAX_WORK_ID_BYTES_LIMIT)
+    assert later.read(work_id).token == 1
+
+
+def _counters(fs: SimulatedFS, work_id: str = WORK) -> list[str]:
+    item_dir = f"{ROOT}/items/{item_key(work_id)}"
+    return sorted(name for name in fs.listdir(item_dir) if name.startswith("hb."))
+
+
+def test_a_claim_that_loses_its_slot_to_an_abandon_leaves_no_counter(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    holder = make_store(fs, clock, "holder")
+    claimer = make_store(fs, clock, "claimer")
+    assert holder.claim(WORK) == 1
+    assert claimer.claim(WORK, now=0.0) is None
+
+    def abandon_first(op: Op, path: str) -> None:
+        # The holder abandons between the claimer's counter and its link.
+        if op is Op.LINK and path.endswith("/s.0000000002"):
+            fs.fault = None
+            assert holder.abandon(WORK, 1) is AbandonOutcome.ABANDONED
+
+    fs.fault = abandon_first
+    assert claimer.claim(WORK, now=EXPIRY) == 3  # lost slot 2, claimed the free item
+    assert _counters(fs) == ["hb.0000000003"]
+
+
+def test_a_beat_racing_a_takeover_does_not_bring_its_counter_back(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    holder = make_store(fs, clock, "holder")
+    claimer = make_store(fs, clock, "claimer")
+    assert holder.claim(WORK) == 1
+    assert claimer.claim(WORK, now=0.0) is None
+
+    def take_over_first(op: Op, path: str) -> None:
+        # The holder has read its chain; the takeover lands before its write.
+        if op is Op.PWRITE and path.endswith("/hb.0000000001"):
+            fs.fault = None
+            assert claimer.claim(WORK, now=EXPIRY) == 2
+
+    fs.fault = take_over_first
+    assert not holder.heartbeat(WORK, 1)
+    assert _counters(fs) == ["hb.0000000002"]
+
+
+def test_a_lost_counter_of_a_live_claim_is_written_again(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    holder = make_store(fs, clock, "holder")
+    assert holder.claim(WORK) == 1
+    fs.unlink(f"{ROOT}/items/{item_key(WORK)}/hb.0000000001")  # as a power loss may
+    assert holder.heartbeat(WORK, 1)
+    assert _counters(fs) == ["hb.0000000001"]

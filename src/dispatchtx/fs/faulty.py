@@ -213,13 +213,16 @@ class FaultyFS(_FaultPoints):
             self._open_handles.add(handle)
             return handle
 
-    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
+    def pwrite(
+        self, path: str, offset: int, data: bytes, *, sync: bool = True, create: bool = True
+    ) -> None:
         fault = self._begin(Op.PWRITE, path)
         with self._after(fault, Op.PWRITE, path):
             if _is(fault, FaultKind.ENOSPC):
-                self.inner.pwrite(path, offset, data[: fault.kept(len(data))], sync=sync)
+                kept = data[: fault.kept(len(data))]
+                self.inner.pwrite(path, offset, kept, sync=sync, create=create)
                 raise _error(errno.ENOSPC, path)
-            self.inner.pwrite(path, offset, data, sync=sync)
+            self.inner.pwrite(path, offset, data, sync=sync, create=create)
 
     def __repr__(self) -> str:
         return f"FaultyFS({self.inner!r}, calls={self.total_calls}, killed={self._killed})"

@@ -100,9 +100,12 @@ class FS(Protocol):
         """Open (creating if needed) a file for appending."""
         ...
 
-    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
-        """Write `data` at `offset` in place, creating the file if needed,
-        and fsync it unless `sync` is False (the heartbeat counter)."""
+    def pwrite(
+        self, path: str, offset: int, data: bytes, *, sync: bool = True, create: bool = True
+    ) -> None:
+        """Write `data` at `offset` in place, creating the file if needed
+        (`create=False`: FileNotFoundError instead), and fsync it unless
+        `sync` is False (the heartbeat counter)."""
         ...
 
 

@@ -157,8 +157,11 @@ class RealFS:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
         return RealAppendHandle(path, fd)
 
-    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+    def pwrite(
+        self, path: str, offset: int, data: bytes, *, sync: bool = True, create: bool = True
+    ) -> None:
+        flags = os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, _FILE_MODE)
         try:
             view = memoryview(data)
             position = offset

@@ -445,13 +445,15 @@ class SimulatedFS(_FaultPoints):
             file = self._file_or_create(path)
             return SimulatedAppendHandle(self, path, file, self._generation)
 
-    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
+    def pwrite(
+        self, path: str, offset: int, data: bytes, *, sync: bool = True, create: bool = True
+    ) -> None:
         # Without the fsync, an EIO is a plain failed write (raised before it).
         fault = self._begin(Op.PWRITE, path, eio_drops_dirty=sync)
         with self._after(fault, Op.PWRITE, path):
             if offset < 0:
                 raise _error(errno.EINVAL, path)
-            file = self._file_or_create(path)
+            file = self._file_or_create(path) if create else self._file(path)
             if _is(fault, FaultKind.ENOSPC):
                 file.write_at(offset, data[: fault.kept(len(data))])
                 raise _error(errno.ENOSPC, path)

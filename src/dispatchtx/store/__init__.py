@@ -70,6 +70,8 @@ from dispatchtx.store.publication import SlotChains
 from dispatchtx.store.records import (
     DEFAULT_MAX_WORK_ID_BYTES,
     DEFAULT_QUARANTINE_AFTER,
+    MAX_INCARNATION,
+    MAX_WORK_ID_BYTES_LIMIT,
     AbandonOutcome,
     Change,
     ClaimOutcome,
@@ -97,6 +99,8 @@ __all__ = [
     "CorruptObject",
     "CorruptRecord",
     "DEFAULT_MAX_WORK_ID_BYTES",
+    "MAX_INCARNATION",
+    "MAX_WORK_ID_BYTES_LIMIT",
     "DEFAULT_QUARANTINE_AFTER",
     "InvalidCoordinatorId",
     "InvalidId",

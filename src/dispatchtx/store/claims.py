@@ -27,6 +27,7 @@ from dispatchtx.store.records import (
     _MAX_DECISION_ROUNDS,
     _RECORD_VERSION,
     _STATUS_OF,
+    MAX_INCARNATION,
     AbandonOutcome,
     Change,
     ClaimOutcome,
@@ -49,6 +50,10 @@ from dispatchtx.store.records import (
 )
 
 __all__ = ["WorkStore"]
+
+
+class _CounterGone(Exception):
+    """A heartbeat counter that was not there to rewrite."""
 
 
 class WorkStore(SlotChains):
@@ -85,16 +90,28 @@ class WorkStore(SlotChains):
             names = self._fs.listdir(self._incarnations)
         except OSError as error:
             raise StoreIOError("listing incarnations", self._incarnations, error) from error
-        # The listing is only a hint for where to start: a stale one costs an EEXIST.
-        incarnation = 1 + max(
+        # The listing is only a hint for where to start: a stale one costs an
+        # EEXIST. A name that is no registration (junk, a number past the
+        # range) is passed over: it must not lock this coordinator id out.
+        taken = sorted(
             (
                 int(suffix)
                 for prefix, _, suffix in (name.rpartition(".") for name in names)
-                if prefix == coordinator_id and suffix.isdigit() and suffix.isascii()
+                if prefix == coordinator_id
+                and suffix.isascii()
+                and suffix.isdigit()
+                and len(suffix) <= len(str(MAX_INCARNATION))
+                and 1 <= int(suffix) <= MAX_INCARNATION
             ),
-            default=0,
+            reverse=True,
         )
+        incarnation = 1 + next((n for n in taken if self._registered(coordinator_id, n)), 0)
         while True:
+            if incarnation > MAX_INCARNATION:
+                raise StoreError(
+                    f"{coordinator_id!r} has used all {MAX_INCARNATION} incarnations of this "
+                    "store (dispatch ids are made from them): register under another id"
+                )
             path = os.path.join(self._incarnations, f"{coordinator_id}.{incarnation}")
             nonce = _new_nonce()
             owner = Owner(coordinator_id, incarnation)
@@ -114,7 +131,7 @@ class WorkStore(SlotChains):
                 self._incarnations,
                 data,
                 nonce,
-                functools.partial(self._read_incarnation, path, owner),
+                functools.partial(self._nonce_of_registration, path, owner),
             )
             if ours:
                 self._owner = owner
@@ -137,6 +154,26 @@ class WorkStore(SlotChains):
             if prefix == coordinator_id and suffix.isdigit() and suffix.isascii():
                 found.append(int(suffix))
         return sorted(found)
+
+    def _registered(self, coordinator_id: str, incarnation: int) -> bool:
+        """Whether `incarnations/<id>.<n>` is a real registration (not junk
+        put there by something else)."""
+        path = os.path.join(self._incarnations, f"{coordinator_id}.{incarnation}")
+        try:
+            self._read_incarnation(path, Owner(coordinator_id, incarnation))
+        except (CorruptRecord, FileNotFoundError, IsADirectoryError):
+            return False
+        except OSError as error:
+            raise StoreIOError("reading an incarnation", path, error) from error
+        return True
+
+    def _nonce_of_registration(self, path: str, owner: Owner) -> str:
+        """The nonce in `path`, which a link found taken; "" (no nonce of
+        ours) if it holds junk: the name is taken all the same."""
+        try:
+            return self._read_incarnation(path, owner)
+        except CorruptRecord:
+            return ""
 
     def _read_incarnation(self, path: str, owner: Owner) -> str:
         fields = _decode_fields(self._fs.read(path), path)
@@ -222,6 +259,10 @@ class WorkStore(SlotChains):
                         self._drop_heartbeat(key, head.token)  # the claim taken over
                     return ClaimResult(ClaimOutcome.CLAIMED, slot, lost)
                 self._beats.pop((key, slot), None)
+                if published.record.change is not Change.CLAIM:
+                    # The slot went to no claim (an abandon, a commit...): no
+                    # one else owns this counter, so it must not stay behind.
+                    self._drop_heartbeat(key, slot)
             lost_race = True  # decide again from what won the slot, and what followed
             chain = self._chain(key)
         return ClaimResult(ClaimOutcome.LOST_RACE, None, _lost_claims(self._chain(key)))
@@ -244,10 +285,23 @@ class WorkStore(SlotChains):
         committing = len(chain) == token + 1 and chain[token].change is Change.COMMIT
         if len(chain) != token and not committing:
             return False
-        self._write_heartbeat(key, token)
+        try:
+            # Never creates the counter (the claim made it): a beat racing a
+            # takeover must not bring back the file the taker removed.
+            self._write_heartbeat(key, token, create=False)
+        except _CounterGone:
+            chain = self._chain(key)
+            if len(chain) > token + int(committing):
+                return False  # taken over (or ended) meanwhile
+            # Still ours: the counter was lost otherwise (a power loss takes
+            # an unsynced file). Write it again, and look once more after.
+            self._write_heartbeat(key, token)
+            if len(self._chain(key)) > token + int(committing):
+                self._drop_heartbeat(key, token)
+                return False
         return True
 
-    def _write_heartbeat(self, key: str, token: int) -> None:
+    def _write_heartbeat(self, key: str, token: int, *, create: bool = True) -> None:
         count = self._beats.get((key, token), -1) + 1
         self._beats[(key, token)] = count
         body = f"{token:010d} {count:016d} {self._session}".encode("ascii")
@@ -258,7 +312,11 @@ class WorkStore(SlotChains):
             # counter is advisory, and readers see it without (the page cache
             # here; close-to-open on NFS). After a power loss its holder is
             # dead anyway, and a restarted incarnation takes its claims at once.
-            self._fs.pwrite(path, 0, data, sync=False)
+            self._fs.pwrite(path, 0, data, sync=False, create=create)
+        except FileNotFoundError as error:
+            if create:
+                raise StoreIOError("writing a heartbeat", path, error) from error
+            raise _CounterGone(path) from error
         except OSError as error:
             raise StoreIOError("writing a heartbeat", path, error) from error
 

@@ -31,6 +31,7 @@ from dispatchtx.store.records import (
     _SLOT_PREFIX,
     DEFAULT_MAX_WORK_ID_BYTES,
     DEFAULT_QUARANTINE_AFTER,
+    MAX_WORK_ID_BYTES_LIMIT,
     Change,
     Owner,
     Record,
@@ -85,8 +86,11 @@ class SlotChains:
             raise ValueError(f"margin must be >= 0, not {margin!r}")
         if quarantine_after < 1:
             raise ValueError(f"quarantine_after must be >= 1, not {quarantine_after!r}")
-        if max_work_id_bytes < 1:
-            raise ValueError(f"max_work_id_bytes must be >= 1, not {max_work_id_bytes!r}")
+        if not 1 <= max_work_id_bytes <= MAX_WORK_ID_BYTES_LIMIT:
+            raise ValueError(
+                f"max_work_id_bytes must be in 1..{MAX_WORK_ID_BYTES_LIMIT} (a longer id, "
+                f"escaped, would not fit a readable record), not {max_work_id_bytes!r}"
+            )
         if publish_attempts < 1:
             raise ValueError(f"publish_attempts must be >= 1, not {publish_attempts!r}")
         self._fs = fs

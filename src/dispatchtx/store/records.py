@@ -32,6 +32,8 @@ __all__ = [
     "CommitOutcome",
     "CompleteOutcome",
     "DEFAULT_MAX_WORK_ID_BYTES",
+    "MAX_INCARNATION",
+    "MAX_WORK_ID_BYTES_LIMIT",
     "DEFAULT_QUARANTINE_AFTER",
     "ItemState",
     "ItemStatus",
@@ -59,6 +61,13 @@ _RECORD_MAGIC: Final = b"dtx-record-1"
 _RECORD_VERSION: Final = 1
 # A record holds at most one work id; JSON escaping can grow it sixfold.
 _MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
+#: The largest `max_work_id_bytes` a store accepts: a work id of that many
+#: bytes, each escaped to six (`\u0001`), still fits a record with the rest of
+#: its fields, so every id a store accepts stays readable.
+MAX_WORK_ID_BYTES_LIMIT: Final = (_MAX_RECORD_BYTES - 4096) // 6
+#: Incarnations of one coordinator id: dispatch ids are `n << 40` onwards and
+#: must stay within 63 bits.
+MAX_INCARNATION: Final = 2**23 - 1
 # How many times one call re-decides after another publisher changed the item
 # under it; each round sees a longer chain, so this only bounds a pathological
 # stream of changes by others.

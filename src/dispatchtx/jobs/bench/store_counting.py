@@ -129,11 +129,13 @@ class CountingFS(RealFS):
         finally:
             self._in_mkdir = False
 
-    def pwrite(self, path: str, offset: int, data: bytes, *, sync: bool = True) -> None:
+    def pwrite(
+        self, path: str, offset: int, data: bytes, *, sync: bool = True, create: bool = True
+    ) -> None:
         created = not os.path.lexists(path)
-        if created:
+        if created and create:
             self._changed(os.path.dirname(path))
-        super().pwrite(path, offset, data, sync=sync)
+        super().pwrite(path, offset, data, sync=sync, create=create)
         if sync:
             kind = "new" if created else "rewrite"
             self.count.add(kind)
