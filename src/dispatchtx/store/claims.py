@@ -56,6 +56,21 @@ class _CounterGone(Exception):
     """A heartbeat counter that was not there to rewrite."""
 
 
+def _incarnation_numbers(names: list[str], coordinator_id: str) -> list[int]:
+    """The incarnation numbers in a listing of incarnations/, ascending. A
+    name that cannot be one (junk, a number past the range) is passed over:
+    it must not lock `coordinator_id` out."""
+    return sorted(
+        int(suffix)
+        for prefix, _, suffix in (name.rpartition(".") for name in names)
+        if prefix == coordinator_id
+        and suffix.isascii()
+        and suffix.isdigit()
+        and len(suffix) <= len(str(MAX_INCARNATION))  # no int() of a huge string
+        and 1 <= int(suffix) <= MAX_INCARNATION
+    )
+
+
 class WorkStore(SlotChains):
     """One coordinator incarnation's handle on the shared exact-work store.
 
@@ -91,20 +106,8 @@ class WorkStore(SlotChains):
         except OSError as error:
             raise StoreIOError("listing incarnations", self._incarnations, error) from error
         # The listing is only a hint for where to start: a stale one costs an
-        # EEXIST. A name that is no registration (junk, a number past the
-        # range) is passed over: it must not lock this coordinator id out.
-        taken = sorted(
-            (
-                int(suffix)
-                for prefix, _, suffix in (name.rpartition(".") for name in names)
-                if prefix == coordinator_id
-                and suffix.isascii()
-                and suffix.isdigit()
-                and len(suffix) <= len(str(MAX_INCARNATION))
-                and 1 <= int(suffix) <= MAX_INCARNATION
-            ),
-            reverse=True,
-        )
+        # EEXIST. The highest name that is a real registration is the start.
+        taken = reversed(_incarnation_numbers(names, coordinator_id))
         incarnation = 1 + next((n for n in taken if self._registered(coordinator_id, n)), 0)
         while True:
             if incarnation > MAX_INCARNATION:
@@ -140,7 +143,8 @@ class WorkStore(SlotChains):
 
     def incarnations(self, coordinator_id: str) -> list[int]:
         """The incarnations of `coordinator_id` registered so far (a listing:
-        a hint, possibly stale on a network filesystem)."""
+        a hint, possibly stale on a network filesystem; a name that cannot be
+        an incarnation is left out)."""
         coordinator_id = validate_coordinator_id(coordinator_id)
         try:
             names = self._fs.listdir(self._incarnations)
@@ -148,24 +152,18 @@ class WorkStore(SlotChains):
             return []
         except OSError as error:
             raise StoreIOError("listing incarnations", self._incarnations, error) from error
-        found = []
-        for name in names:
-            prefix, _, suffix = name.rpartition(".")
-            if prefix == coordinator_id and suffix.isdigit() and suffix.isascii():
-                found.append(int(suffix))
-        return sorted(found)
+        return _incarnation_numbers(names, coordinator_id)
 
     def _registered(self, coordinator_id: str, incarnation: int) -> bool:
         """Whether `incarnations/<id>.<n>` is a real registration (not junk
         put there by something else)."""
         path = os.path.join(self._incarnations, f"{coordinator_id}.{incarnation}")
         try:
-            self._read_incarnation(path, Owner(coordinator_id, incarnation))
-        except (CorruptRecord, FileNotFoundError, IsADirectoryError):
+            return self._nonce_of_registration(path, Owner(coordinator_id, incarnation)) != ""
+        except (FileNotFoundError, IsADirectoryError):
             return False
         except OSError as error:
             raise StoreIOError("reading an incarnation", path, error) from error
-        return True
 
     def _nonce_of_registration(self, path: str, owner: Owner) -> str:
         """The nonce in `path`, which a link found taken; "" (no nonce of
@@ -290,13 +288,13 @@ class WorkStore(SlotChains):
             # takeover must not bring back the file the taker removed.
             self._write_heartbeat(key, token, create=False)
         except _CounterGone:
-            chain = self._chain(key)
-            if len(chain) > token + int(committing):
+            ours_while = token + int(committing)  # the chain's length while the claim is ours
+            if len(self._chain(key)) > ours_while:
                 return False  # taken over (or ended) meanwhile
             # Still ours: the counter was lost otherwise (a power loss takes
             # an unsynced file). Write it again, and look once more after.
             self._write_heartbeat(key, token)
-            if len(self._chain(key)) > token + int(committing):
+            if len(self._chain(key)) > ours_while:
                 self._drop_heartbeat(key, token)
                 return False
         return True
