@@ -567,3 +567,41 @@ def test_one_unreadable_committed_item_does_not_stop_roll_forward_of_the_others(
     statuses = {s.work_id: s.status for s in restarted.store.items()}
     assert statuses.pop(bad.work_id) is ItemStatus.COMMITTING  # reported, left alone
     assert set(statuses.values()) == {ItemStatus.DONE}
+
+
+class AdoptingHashWorkload(HashWorkload):
+    def __init__(self, items: int) -> None:
+        super().__init__(items)
+        self.offered: list[str] = []
+
+    def adopt(self, work_id: str) -> bool:
+        self.offered.append(work_id)
+        return False
+
+
+def test_orphans_are_looked_for_only_for_a_workload_that_adopts() -> None:
+    world = make_world(items=6)
+    coordinator = world.coordinator()
+    while not coordinator.idle:
+        coordinator.step()
+    surveys = 0
+    survey = coordinator.store.survey
+
+    def counting_survey() -> Any:
+        nonlocal surveys
+        surveys += 1
+        return survey()
+
+    coordinator.store.survey = counting_survey  # type: ignore[method-assign]
+    # The default adopt() adopts nothing: the store is not read for it.
+    assert coordinator.adopt_orphans() is False
+    assert surveys == 0
+    coordinator.shutdown()
+
+    adopting = AdoptingHashWorkload(6)
+    world = World(world.transport, world.fs, adopting, world.clock)
+    peer = world.coordinator()
+    peer.store.survey = counting_survey  # type: ignore[method-assign]
+    assert peer.adopt_orphans() is False
+    assert surveys == 1
+    peer.shutdown()

@@ -118,7 +118,12 @@ class Recovery:
         done nor quarantined): items only a peer killed for good knew are
         finished by whoever adopts them. True while the workload will finish
         some such item, so the caller keeps stepping; a store error (a disk
-        fault) is True too: look again."""
+        fault) is True too: look again.
+
+        A workload that keeps `Workload.adopt` (adopt nothing) is not
+        offered anything: the survey reads every item in the store."""
+        if getattr(type(self.workload), "adopt", None) is Workload.adopt:
+            return False
         finished = (ItemStatus.DONE, ItemStatus.QUARANTINED)
         try:
             # survey(): an item no one can read is no orphan to finish (the
