@@ -800,8 +800,11 @@ def test_mpi_pipelined_round_trips_all_come_back_correct(ranks: int, job_report:
     # Several Work were outstanding per worker at once.
     seen = report["most_in_flight_seen"]
     assert isinstance(seen, list) and len(seen) == ranks - 1 and min(seen) >= 2, seen
-    # Worker 0's two undecodable messages were counted and dropped, not fatal.
-    assert report["malformed"] == 2
+    # Worker 0's undecodable messages were counted and dropped, not fatal; the
+    # one over max_result_bytes was never received into a buffer of its size.
+    assert report["malformed"] == 3
+    stats = report["transport_stats"]
+    assert isinstance(stats, dict) and stats["oversized"] == 1
     # Idle ranks back off instead of spinning: a spinning rank would use all
     # of its share of the 2 cores.
     assert isinstance(report["coordinator_idle_cpu_seconds"], float)

@@ -73,7 +73,9 @@ def _selftest_large(number: int, every: int) -> bool:
 def _selftest_coordinator(comm: MPI.Comm, args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    transport = MPITransport(comm, send_timeout=args.send_timeout)
+    transport = MPITransport(
+        comm, send_timeout=args.send_timeout, max_result_bytes=args.max_result_bytes
+    )
     n_workers = transport.n_workers
     contents = [f"object {k} ".encode() * 64 for k in range(args.objects)]
     contents[0] *= max(1, (args.large_object_kib << 10) // len(contents[0]))
@@ -206,13 +208,14 @@ def _selftest_coordinator(comm: MPI.Comm, args: argparse.Namespace) -> int:
         summaries[status.Get_source() - 1] = summary.recv()
     transport.close()
 
-    expected_malformed = 2 if args.garbage else 0
+    expected_malformed = 3 if args.garbage else 0  # the oversized one arrives as b""
     expected_lost = {args.hang_worker} if args.hang_worker >= 0 else set()
     passed = (
         counts["correct"] == args.round_trips
         and counts["wrong"] == 0
         and counts["unknown"] == 0
         and counts["malformed"] == expected_malformed
+        and transport.stats["oversized"] == (1 if args.garbage else 0)
         and counts["unexpected_while_idle"] == 0
         and lost == expected_lost
         and hung_send_timed_out == bool(lost)
@@ -256,9 +259,11 @@ def _selftest_coordinator(comm: MPI.Comm, args: argparse.Namespace) -> int:
 def _selftest_worker(comm: MPI.Comm, args: argparse.Namespace) -> int:
     worker = comm.Get_rank() - 1
     if args.garbage and worker == 0:
-        # Two messages no decoder accepts: the coordinator must count, not crash.
+        # Messages no decoder accepts, one of them over the coordinator's
+        # max_result_bytes: the coordinator must count, not crash or allocate.
         comm.Send(b"\x00 not a dispatchtx message", 0, DEFAULT_RESULT_TAG)
         comm.Send(b"", 0, DEFAULT_RESULT_TAG)
+        comm.Send(bytes(args.max_result_bytes + 1), 0, DEFAULT_RESULT_TAG)
     received = 0
     hang_after: int = args.hang_after
 
@@ -297,8 +302,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument(
         "--large-result-every", type=int, default=10, help="every N-th result is 256 KiB (0: none)"
     )
+    parser.add_argument(
+        "--max-result-bytes", type=int, default=2 * 1024 * 1024, help="MPITransport's cap"
+    )
     parser.add_argument("--idle-seconds", type=float, default=0.0, help="idle polling at the end")
-    parser.add_argument("--garbage", action="store_true", help="worker 0 sends 2 bad messages")
+    parser.add_argument(
+        "--garbage", action="store_true", help="worker 0 sends 3 bad messages, one oversized"
+    )
     parser.add_argument("--hang-worker", type=int, default=-1, help="this worker hangs (SIGSTOP)")
     parser.add_argument("--hang-after", type=int, default=3, help="on its N-th Work")
     parser.add_argument("--deadline", type=float, default=30.0, help="a result later is lost")

@@ -21,6 +21,7 @@ machine without MPI. The self-test over real ranks is a job:
 from __future__ import annotations
 
 from dispatchtx.transport.interface import (
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RESULT_TAG,
     DEFAULT_STOP_TAG,
     DEFAULT_WORK_TAG,
@@ -65,6 +66,7 @@ from dispatchtx.transport.worker import (
 
 __all__ = [
     "DEFAULT_RESULT_TAG",
+    "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
     "MAX_BACKOFF",

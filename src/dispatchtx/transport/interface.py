@@ -15,6 +15,7 @@ from dispatchtx.transport.messages import Result, SendFailed, Work
 
 __all__ = [
     "DEFAULT_RESULT_TAG",
+    "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
     "MAX_BACKOFF",
@@ -27,6 +28,8 @@ __all__ = [
 DEFAULT_WORK_TAG: Final = 71
 DEFAULT_RESULT_TAG: Final = 72
 DEFAULT_STOP_TAG: Final = 73
+# A result message over this is dropped unread (MPITransport's max_result_bytes).
+DEFAULT_MAX_RESULT_BYTES: Final = 256 * 1024 * 1024
 
 # Idle ranks back off their Iprobe polling from 1 us up to 1 ms, as
 # mpi4py.futures does: a tight poll (or MPICH's own blocking recv) takes a

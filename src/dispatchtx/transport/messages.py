@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import pickletools
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -267,7 +268,16 @@ def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
     raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
 
 
-def _check_prefix(data: bytes, expected: int | None) -> int:
+def _as_view(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """A receive buffer as a flat byte view (no copy), other bytes as bytes."""
+    if isinstance(data, bytearray | memoryview):
+        view = memoryview(data)
+        if view.c_contiguous:
+            return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    return _as_bytes(data)
+
+
+def _check_prefix(data: bytes | memoryview, expected: int | None) -> int:
     """The message kind, after checking magic, version and (if given) kind."""
     if len(data) < _PREFIX.size:
         raise MalformedMessage(
@@ -299,9 +309,12 @@ def _truncated(what: str, needed: int, have: int) -> MalformedMessage:
 
 
 def decode_result(data: bytes | bytearray | memoryview) -> Result:
-    """A Result from the wire, or `MalformedMessage` saying what is wrong."""
+    """A Result from the wire, or `MalformedMessage` saying what is wrong.
+
+    A bytearray or memoryview (a receive buffer) is read in place: the
+    result's bytes are its one copy."""
     if type(data) is not bytes:
-        data = _as_bytes(data)
+        data = _as_view(data)
     size = len(data)
     if size < _RESULT_HEAD.size:
         _check_prefix(data, _KIND_RESULT)
@@ -320,11 +333,12 @@ def decode_result(data: bytes | bytearray | memoryview) -> Result:
     if not (math.isfinite(cpu) and cpu >= 0.0):
         raise MalformedMessage(f"cpu_seconds {cpu!r} is not a finite number >= 0")
     try:
-        item = data[_RESULT_HEAD.size : item_end].decode()
-        error = data[result_end:].decode() if error_len else ""
+        item = str(data[_RESULT_HEAD.size : item_end], "utf-8")
+        error = str(data[result_end:], "utf-8") if error_len else ""
     except UnicodeDecodeError as exc:
         raise MalformedMessage(f"the item or error text is not valid UTF-8: {exc.reason}") from None
-    return Result(dispatch_id, item, token, data[item_end:result_end], cpu, error)
+    # bytes() of a bytes slice is that slice; of a view, the one copy.
+    return Result(dispatch_id, item, token, bytes(data[item_end:result_end]), cpu, error)
 
 
 def decode_work(data: bytes | bytearray | memoryview) -> Work:
@@ -383,11 +397,125 @@ def _decode_payload(kind: int, body: bytes) -> object:
             raise MalformedMessage(f"a None payload with {len(body)} byte(s)")
         return None
     if kind == _PAYLOAD_PICKLE:
+        _check_pickle(body)
         try:
             return pickle.loads(body)
         except Exception as exc:  # a bad pickle can raise nearly anything
             raise MalformedMessage(f"payload does not unpickle: {exc!r:.200}") from None
     raise MalformedMessage(f"unknown payload kind {kind}")
+
+
+# The C unpickler allocates what a length field announces before it reads
+# the bytes (one flipped byte of a 218-byte Work asked for 1.26 GB), and grows
+# its memo to whatever index a PUT names. So a pickled payload is walked once
+# first, opcode by opcode, without building any argument: every length is
+# checked against the bytes that remain, a memo index put must lie below the
+# payload's size and one got must have been put, a frame must fit, nothing
+# may follow STOP. Then `pickle.loads` allocates a bounded multiple of the
+# payload. (A payload format of our own with checked lengths would cost every
+# user whose payload is an object of their own. What the walk leaves open is
+# what pickle is by design, a payload naming callables the worker runs: so
+# only workers unpickle, and only their coordinator's Work.)
+
+
+def _argument_layouts() -> dict[int, tuple[int, int]]:
+    """opcode byte -> (kind, size): kind 0 a fixed size, 1 a length prefix of
+    `size` bytes (then that many bytes), 2 `size` newline-ended lines."""
+    layouts = {}
+    for opcode in pickletools.opcodes:
+        code = ord(opcode.code.encode("latin-1"))
+        arg = opcode.arg
+        if arg is None:
+            layouts[code] = (0, 0)
+        elif arg.n >= 0:
+            layouts[code] = (0, arg.n)
+        elif arg.n == pickletools.UP_TO_NEWLINE:
+            layouts[code] = (2, 2 if arg.name.endswith("_pair") else 1)
+        else:
+            prefix = {
+                pickletools.TAKEN_FROM_ARGUMENT1: 1,
+                pickletools.TAKEN_FROM_ARGUMENT4: 4,
+                pickletools.TAKEN_FROM_ARGUMENT4U: 4,
+                pickletools.TAKEN_FROM_ARGUMENT8U: 8,
+            }[arg.n]
+            layouts[code] = (1, prefix)
+    return layouts
+
+
+_LAYOUTS: Final = _argument_layouts()
+_OP_STOP: Final = ord(".")
+_OP_FRAME: Final = 0x95
+_OP_MEMOIZE: Final = 0x94
+_MEMO_PUTS: Final = frozenset(b"pqr")  # PUT, BINPUT, LONG_BINPUT
+_MEMO_GETS: Final = frozenset(b"ghj")  # GET, BINGET, LONG_BINGET
+
+
+def _unpicklable(reason: str) -> MalformedMessage:
+    return MalformedMessage(f"payload does not unpickle: {reason}")
+
+
+def _check_pickle(body: bytes) -> None:
+    size = len(body)
+    memo: set[int] = set()
+    memoized = 0
+    pos = 0
+    layouts = _LAYOUTS
+    while pos < size:
+        code = body[pos]
+        pos += 1
+        layout = layouts.get(code)
+        if layout is None:
+            raise _unpicklable(f"unknown opcode 0x{code:02x} at {pos - 1}")
+        kind, width = layout
+        start = pos
+        if kind == 0:
+            pos += width
+        elif kind == 1:
+            length = int.from_bytes(body[pos : pos + width], "little", signed=width == 4)
+            pos += width + length
+            if length < 0:
+                raise _unpicklable(f"a negative length at {start}")
+        else:
+            for _ in range(width):
+                newline = body.find(b"\n", pos)
+                if newline < 0:
+                    raise _unpicklable(f"an unended line at {start}")
+                pos = newline + 1
+        if pos > size:
+            raise _unpicklable(
+                f"opcode 0x{code:02x} at {start - 1} needs {pos - size} "
+                "byte(s) more than the payload has"
+            )
+        if code == _OP_STOP:
+            if pos != size:
+                raise _unpicklable(f"{size - pos} byte(s) after its STOP")
+            return
+        if code == _OP_MEMOIZE:
+            memo.add(memoized)
+            memoized += 1
+        elif code == _OP_FRAME:
+            if int.from_bytes(body[start:pos], "little") > size - pos:
+                raise _unpicklable("a frame longer than the payload")
+        elif code in _MEMO_PUTS or code in _MEMO_GETS:
+            index = _memo_index(body, start, pos, line=code in b"pg")
+            if code in _MEMO_GETS:
+                if index not in memo:
+                    raise _unpicklable(f"memo index {index} never set")
+            elif not 0 <= index < size:
+                raise _unpicklable(f"memo index {index} out of range")
+            else:
+                memo.add(index)
+                memoized = max(memoized, index + 1)
+    raise _unpicklable("no STOP")
+
+
+def _memo_index(body: bytes, start: int, end: int, *, line: bool) -> int:
+    if line:  # PUT and GET: a decimal line
+        try:
+            return int(body[start : end - 1])
+        except ValueError:
+            raise _unpicklable(f"a bad memo index at {start}") from None
+    return int.from_bytes(body[start:end], "little")
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:

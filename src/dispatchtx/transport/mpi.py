@@ -7,6 +7,7 @@ and never blocks a send against a peer that is itself sending.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Final, final
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 from dispatchtx.transport.interface import (
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RESULT_TAG,
     DEFAULT_STOP_TAG,
     DEFAULT_WORK_TAG,
@@ -37,6 +39,8 @@ from dispatchtx.transport.messages import (
 )
 
 __all__ = ["MPITransport"]
+
+log = logging.getLogger("dispatchtx.transport")
 
 
 # --------------------------------------------------------------------------
@@ -70,6 +74,7 @@ _MPI_STATS: Final = (
     "isend_failed",
     "received",
     "malformed",
+    "oversized",
     "foreign_source",
     "drained_during_send",
     "stop_sent",
@@ -86,7 +91,9 @@ class MPITransport:
     completed with back-off while results keep being drained: a worker
     blocked sending a large result never deadlocks against it; with
     `send_timeout` set, a send that a hung worker never receives raises
-    `SendTimeout` instead of blocking forever."""
+    `SendTimeout` instead of blocking forever. A result message over
+    `max_result_bytes` is dropped unread (counted as "oversized"): what a
+    worker sends cannot make the coordinator allocate more than that."""
 
     def __init__(
         self,
@@ -98,6 +105,7 @@ class MPITransport:
         send_timeout: float | None = None,
         stop_timeout: float = 1.0,
         max_batch: int = 4096,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         from mpi4py import MPI
 
@@ -109,6 +117,8 @@ class MPITransport:
         if send_timeout is not None:
             _check_timeout(send_timeout)
         _check_timeout(stop_timeout)
+        if type(max_result_bytes) is not int or max_result_bytes < 1:
+            raise ValueError(f"max_result_bytes must be an int >= 1, not {max_result_bytes!r}")
         if comm.Get_rank() != 0:
             raise ValueError("MPITransport runs on rank 0, the coordinator; workers run run_worker")
         if comm.Get_size() < 2:
@@ -121,7 +131,9 @@ class MPITransport:
         self._send_timeout = send_timeout
         self._stop_timeout = stop_timeout
         self._max_batch = max_batch
-        self._mpi_error: type[Exception] = MPI.Exception
+        self._max_result_bytes = max_result_bytes
+        self._truncate_error: int = MPI.ERR_TRUNCATE
+        self._mpi_error: type[MPI.Exception] = MPI.Exception
         self._byte = MPI.BYTE
         self._any_source = MPI.ANY_SOURCE
         self._status = MPI.Status()
@@ -235,21 +247,45 @@ class MPITransport:
                 message = comm.Improbe(self._any_source, self._result_tag, status)
                 if message is None:
                     return
-                buffer = bytearray(status.Get_count(byte))
+                count = status.Get_count(byte)
+                worker = status.Get_source() - 1
+                if count > self._max_result_bytes:
+                    self._drop_oversized(message, worker, count)
+                    continue
+                buffer = bytearray(count)
                 message.Recv(buffer)
             except self._mpi_error as exc:
                 raise TransportError(f"receiving a result: {exc}") from exc
             self._stats["received"] += 1
-            worker = status.Get_source() - 1
             if worker < 0:
                 self._stats["foreign_source"] += 1  # rank 0 sent to itself
                 continue
-            data = bytes(buffer)
-            try:
-                self._inbox.append((worker, decode_result(data)))
+            try:  # decoded from the receive buffer: the result is its one copy
+                self._inbox.append((worker, decode_result(buffer)))
             except MalformedMessage:
                 self._stats["malformed"] += 1
-                self._inbox.append((worker, data))
+                self._inbox.append((worker, bytes(buffer)))
+
+    def _drop_oversized(self, message: MPI.Message, worker: int, count: int) -> None:
+        """Receive a message over `max_result_bytes` into an empty buffer:
+        MPI truncates it (ERR_TRUNCATE, the message consumed), so a worker
+        cannot make the coordinator allocate what it likes. The worker's
+        answer counts as an undecodable one (an empty buffer)."""
+        try:
+            message.Recv([bytearray(0), 0, self._byte])
+        except self._mpi_error as exc:
+            if exc.Get_error_class() != self._truncate_error:
+                raise
+        self._stats["received"] += 1
+        self._stats["oversized"] += 1
+        log.warning(
+            "worker %d sent a %d-byte message, over max_result_bytes (%d): dropped",
+            worker,
+            count,
+            self._max_result_bytes,
+        )
+        if worker >= 0:
+            self._inbox.append((worker, b""))
 
     def poll(self, timeout: float) -> list[tuple[int, Result | bytes]]:
         if self._closed:
