@@ -137,3 +137,11 @@ def test_a_result_decodes_in_place_from_a_receive_buffer() -> None:
         decode_result(damaged)
     with pytest.raises(MalformedMessage, match="expected bytes"):
         decode_result("a str")  # type: ignore[arg-type]
+
+
+def test_memoize_after_a_put_takes_the_memos_length_as_the_unpicklers_do() -> None:
+    # PUT 5, then MEMOIZE: both unpicklers put the second value at 1 (the
+    # memo's length), so GET 1 is good and gets that value.
+    body = b"\x80\x04K\x07p5\nK\x08\x94\x86\x94h\x01\x86."
+    assert pickle.loads(body) == ((7, 8), 8)
+    assert decode_work(work_with(body)).payload == ((7, 8), 8)

@@ -65,8 +65,8 @@ from dispatchtx.transport.worker import (
 )
 
 __all__ = [
-    "DEFAULT_RESULT_TAG",
     "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_RESULT_TAG",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
     "MAX_BACKOFF",

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 from dispatchtx.transport.messages import Result, SendFailed, Work
 
 __all__ = [
-    "DEFAULT_RESULT_TAG",
     "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_RESULT_TAG",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
     "MAX_BACKOFF",

@@ -273,7 +273,7 @@ def _as_view(data: bytes | bytearray | memoryview) -> bytes | memoryview:
     if isinstance(data, bytearray | memoryview):
         view = memoryview(data)
         if view.c_contiguous:
-            return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+            return view.cast("B")
     return _as_bytes(data)
 
 
@@ -406,7 +406,7 @@ def _decode_payload(kind: int, body: bytes) -> object:
 
 
 # The C unpickler allocates what a length field announces before it reads
-# the bytes (one flipped byte of a 218-byte Work asked for 1.26 GB), and grows
+# the bytes (one flipped byte of a 175-byte Work asked for 2.4 GB), and grows
 # its memo to whatever index a PUT names. So a pickled payload is walked once
 # first, opcode by opcode, without building any argument: every length is
 # checked against the bytes that remain, a memo index put must lie below the
@@ -457,7 +457,6 @@ def _unpicklable(reason: str) -> MalformedMessage:
 def _check_pickle(body: bytes) -> None:
     size = len(body)
     memo: set[int] = set()
-    memoized = 0
     pos = 0
     layouts = _LAYOUTS
     while pos < size:
@@ -490,14 +489,13 @@ def _check_pickle(body: bytes) -> None:
             if pos != size:
                 raise _unpicklable(f"{size - pos} byte(s) after its STOP")
             return
-        if code == _OP_MEMOIZE:
-            memo.add(memoized)
-            memoized += 1
+        if code == _OP_MEMOIZE:  # both unpicklers put at the memo's length
+            memo.add(len(memo))
         elif code == _OP_FRAME:
             if int.from_bytes(body[start:pos], "little") > size - pos:
                 raise _unpicklable("a frame longer than the payload")
         elif code in _MEMO_PUTS or code in _MEMO_GETS:
-            index = _memo_index(body, start, pos, line=code in b"pg")
+            index = _memo_index(body, start, pos, line=kind == 2)
             if code in _MEMO_GETS:
                 if index not in memo:
                     raise _unpicklable(f"memo index {index} never set")
@@ -505,7 +503,6 @@ def _check_pickle(body: bytes) -> None:
                 raise _unpicklable(f"memo index {index} out of range")
             else:
                 memo.add(index)
-                memoized = max(memoized, index + 1)
     raise _unpicklable("no STOP")
 
 
