@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 __all__ = ["MPIExecNotFound", "find_mpiexec", "kill_job", "run_job", "start_job"]
 
@@ -35,10 +36,17 @@ def find_mpiexec() -> str:
     return found
 
 
-def start_job(n_ranks: int, module: str, args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    """Start `mpiexec -n N python -m module args...` in a new process group."""
+def start_job(
+    n_ranks: int, module: str, args: Sequence[str] = (), output: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `mpiexec -n N python -m module args...` in a new process group;
+    with `output`, the launcher's and the ranks' stdout and stderr go there."""
     command = [find_mpiexec(), "-n", str(n_ranks), sys.executable, "-m", module, *args]
-    return subprocess.Popen(command, start_new_session=True)
+    if output is None:
+        return subprocess.Popen(command, start_new_session=True)
+    return subprocess.Popen(
+        command, start_new_session=True, stdout=output, stderr=subprocess.STDOUT
+    )
 
 
 def kill_job(job: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

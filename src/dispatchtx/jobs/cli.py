@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(arguments)
 
     if args.command == "campaign":
-        from dispatchtx.jobs.campaign.runner import CampaignConfig, print_report, run_campaign
+        from dispatchtx.jobs.campaign.report import print_report
+        from dispatchtx.jobs.campaign.runner import CampaignConfig, run_campaign
 
         campaign_out(Path(args.out), args.replace)
         config = CampaignConfig(

@@ -26,20 +26,15 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatchtx.coordinator.audit import RunAudit
 from dispatchtx.coordinator.faults import FaultPoint
-from dispatchtx.fs import RealClock, RealFS
 from dispatchtx.jobs.arguments import CONFIGURATION_ERROR
-from dispatchtx.jobs.workloads.fuzz import check_campaign_dir, committed_slots
-from dispatchtx.jobs.workloads.hash import HashWorkload, result_name
+from dispatchtx.jobs.campaign.picture import draw_picture
+from dispatchtx.jobs.campaign.report import build_report
 from dispatchtx.launch import kill_job, start_job
-from dispatchtx.resources import Leak
-from dispatchtx.store import ItemStatus, WorkStore
 
 __all__ = ["CampaignConfig", "run_campaign"]
 
@@ -97,8 +92,10 @@ class Launch:
     report_path: Path
     kill_at: FaultPoint | None
     hang: bool
+    log_path: Path
     ended: float | None = None
     report: dict[str, Any] | None = None
+    told_hang: bool = False  # the terminal was told its hung worker was found
 
 
 @dataclass
@@ -111,6 +108,8 @@ class Slot:
     launches: list[Launch] = field(default_factory=list)
     finished: bool = False
     dead_for_good: bool = False
+    # Why the last incarnation ended, until its restart says how it recovered.
+    ended_because: str | None = None
 
 
 class Campaign:
@@ -120,14 +119,19 @@ class Campaign:
         self.store_dir = out / "store"
         self.results_dir = out / "results"
         self.reports_dir = out / "reports"
-        for directory in (self.store_dir, self.results_dir, self.reports_dir, out / "journals"):
+        # Each job's launcher output (MPICH prints a banner for every kill).
+        self.logs_dir = out / "logs"
+        directories = (self.store_dir, self.results_dir, self.reports_dir, self.logs_dir)
+        for directory in (*directories, out / "journals"):
             directory.mkdir(parents=True, exist_ok=True)
         (out / MARKER).write_text("a dispatchtx campaign's directory\n")
         self.started = time.monotonic()
         self.events: list[dict[str, Any]] = []
-        self.progress: list[tuple[float, int]] = []
+        self.progress: list[tuple[float, int, int]] = []  # seconds, triaged, faults
         self.slots = [self._plan(index) for index in range(config.coordinators)]
         self.crashes: list[str] = []
+        self.interactive = sys.stderr.isatty()
+        self.progress_shown = False  # a progress line waits on the terminal
 
     def _plan(self, index: int) -> Slot:
         config = self.config
@@ -156,7 +160,14 @@ class Campaign:
         config = self.config
         number = len(slot.launches) + 1
         kill_at = slot.kills_planned[0] if slot.kills_planned else None
-        hang = config.hang_a_worker and slot is self.slots[-1] and number == 1
+        # A worker of coordinator 0 hangs once its kills are all done: that
+        # incarnation runs to its end, so the deadline must find the worker.
+        hang = (
+            config.hang_a_worker
+            and slot is self.slots[0]
+            and not slot.kills_planned
+            and not any(launch.hang for launch in slot.launches)
+        )
         report = self.reports_dir / f"{slot.name}.{number}.json"
         rates = ",".join(f"{point.value}={config.rate}" for point in config.faults)
         args = [
@@ -177,8 +188,12 @@ class Campaign:
             args += ["--kill-at", kill_at.value, "--kill-rate", "0.15"]
         if hang:
             args += ["--hang-rank", str(config.ranks - 1), "--hang-after", "3", "--strikes", "1"]
-        job = start_job(config.ranks, "dispatchtx.jobs.mpi_job", args)
-        slot.launches.append(Launch(slot.name, number, self.elapsed(), job, report, kill_at, hang))
+        log_path = self.logs_dir / f"{slot.name}.{number}.log"
+        with open(log_path, "wb") as log:
+            job = start_job(config.ranks, "dispatchtx.jobs.mpi_job", args, output=log)
+        slot.launches.append(
+            Launch(slot.name, number, self.elapsed(), job, report, kill_at, hang, log_path)
+        )
         self.event("start", slot.name, f"incarnation attempt {number}")
 
     def poll(self, slot: Slot) -> None:
@@ -193,12 +208,21 @@ class Campaign:
             launch.job.wait()
             launch.ended = self.elapsed()
             launch.report = json.loads(launch.report_path.read_text())
+            self.tell_recovery(slot, launch, launch.report)
             slot.finished = True
-            self.event("finished", slot.name, "passed" if launch.report.get("passed") else "FAILED")
+            verdict = "passed" if launch.report.get("passed") else "FAILED"
+            self.event("finished", slot.name, verdict)
+            self.say(
+                f"{slot.name} finished as incarnation {launch.report.get('incarnation')}: {verdict}"
+            )
             return
+        status = read_status(launch)
+        self.tell_recovery(slot, launch, status)
+        self.tell_hung_worker(slot, launch, status)
+        reason = ""
         if launch.job.poll() is None:
-            status_path = Path(f"{launch.report_path}.status")
             quiet = self.elapsed() - launch.started
+            status_path = Path(f"{launch.report_path}.status")
             if status_path.exists():
                 quiet = time.time() - status_path.stat().st_mtime
             if quiet < STALL_SECONDS:
@@ -206,11 +230,13 @@ class Campaign:
             # It writes its status every second: silent this long, it hangs.
             kill_job(launch.job)
             launch.job.wait()
+            self.event("stalled", slot.name, f"silent for {quiet:.0f} s")
+            reason = f"silent for {quiet:.0f} s, so killed as hung (not planned)"
         # The job died without a report: a kill at a commit stage (or a crash).
         kill_job(launch.job)
         launch.ended = self.elapsed()
-        status_path = Path(f"{launch.report_path}.status")
-        if launch.job.returncode == CONFIGURATION_ERROR and not status_path.exists():
+        status = read_status(launch)
+        if launch.job.returncode == CONFIGURATION_ERROR and not status:
             # The job refused its own arguments before it started: a restart
             # would refuse them again.
             self.crashes.append(
@@ -218,13 +244,14 @@ class Campaign:
                 f"(exit {CONFIGURATION_ERROR}): not restarted"
             )
             self.event("refused", slot.name, "its configuration")
+            self.say(f"{slot.name} refused its configuration: not restarted ({launch.log_path})")
             slot.dead_for_good = True
             return
-        status = json.loads(status_path.read_text()) if status_path.exists() else {}
         fired = status.get("faults_fired", {})
         planned = launch.kill_at is not None and bool(fired.get(launch.kill_at.value))
-        if planned and launch.kill_at is not None:
+        if planned and launch.kill_at is not None and not reason:
             self.event("killed", slot.name, launch.kill_at.value)
+            reason = f"killed {stage_words(launch.kill_at)} (planned)"
             slot.kills_planned.pop(0)
         else:
             self.crashes.append(
@@ -232,11 +259,62 @@ class Campaign:
                 f"{launch.job.returncode} without a report"
             )
             self.event("crashed", slot.name, f"exit {launch.job.returncode}")
+            reason = reason or (
+                f"exited {launch.job.returncode} without a report (not planned; "
+                f"see {launch.log_path})"
+            )
+        if slot.ended_because is not None:
+            # This incarnation never said it recovered: told with its end.
+            incarnation = status.get("incarnation", "?")
+            self.say(
+                f"{slot.name} {slot.ended_because}, restarted as incarnation {incarnation}, "
+                "which ended while it recovered"
+            )
         if slot.dies_for_good:
             slot.dead_for_good = True
-            self.event("killed for good", slot.name)
+            slot.ended_because = None
+            stage = stage_words(launch.kill_at) if planned and launch.kill_at else "unplanned"
+            self.event("killed for good", slot.name, stage)
+            self.say(
+                f"{slot.name} {reason}, not restarted: killed for good, its peers roll its "
+                "items forward"
+            )
             return
+        slot.ended_because = reason
         self.launch(slot)
+
+    def tell_recovery(self, slot: Slot, launch: Launch, status: dict[str, Any]) -> None:
+        """One line per restart, once the new incarnation has recovered."""
+        recovered = status.get("recovered_after_seconds")
+        if slot.ended_because is None or launch.number == 1 or recovered is None:
+            return
+        self.event("recovered", slot.name, f"incarnation {status.get('incarnation')}")
+        self.say(
+            f"{slot.name} {slot.ended_because}, restarted as incarnation "
+            f"{status.get('incarnation')}, recovered in {recovered * 1000:.0f} ms"
+        )
+        slot.ended_because = None
+
+    def tell_hung_worker(self, slot: Slot, launch: Launch, status: dict[str, Any]) -> None:
+        lost = status.get("lost_workers") or []
+        if not launch.hang or launch.told_hang or not lost:
+            return
+        launch.told_hang = True
+        ranks = ", ".join(str(worker + 1) for worker in lost)
+        self.event("worker lost", slot.name, f"rank {ranks}")
+        self.say(
+            f"{slot.name}: worker rank {ranks} hung (planned SIGSTOP), found by its deadline "
+            f"{self.elapsed() - launch.started:.1f} s after the job started"
+        )
+
+    def say(self, line: str) -> None:
+        """A line of its own, above the progress line."""
+        if self.progress_shown and self.interactive:
+            print("\r\x1b[K", end="", file=sys.stderr)
+        elif self.progress_shown:
+            print(file=sys.stderr)
+        self.progress_shown = False
+        print(f"{self.elapsed():6.1f} s  {line}", file=sys.stderr, flush=True)
 
     # -- the run ------------------------------------------------------------------------
 
@@ -255,15 +333,16 @@ class Campaign:
         simulate_report = self.out_path("simulate.json")
         simulation = None
         if config.simulate_schedules > 0:
-            simulation = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "dispatchtx", "simulate"),
-                    *("--schedules", str(config.simulate_schedules)),
-                    *("--seed", str(config.seed), "--json", str(simulate_report)),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            with open(self.logs_dir / "simulate.log", "wb") as simulate_log:
+                simulation = subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "dispatchtx", "simulate"),
+                        *("--schedules", str(config.simulate_schedules)),
+                        *("--seed", str(config.seed), "--json", str(simulate_report)),
+                    ],
+                    stdout=simulate_log,
+                    stderr=subprocess.STDOUT,
+                )
         for slot in self.slots:
             self.launch(slot)
         last_print = 0.0
@@ -284,17 +363,18 @@ class Campaign:
                 for launch in slot.launches:
                     kill_job(launch.job)
                     launch.job.wait()
-        self.show_progress()
-        print(file=sys.stderr)
+        self.show_progress(final=True)
+        if self.interactive:
+            print(file=sys.stderr)
         if simulation is not None:
             try:
                 simulation.wait(timeout=max(60.0, config.timeout - self.elapsed()))
             except subprocess.TimeoutExpired:
                 simulation.kill()
-        report = self.report(simulate_report)
+        report = build_report(self, simulate_report)
         self.out_path("campaign.json").write_text(json.dumps(report, indent=2))
         if config.picture:
-            report["picture"] = self.picture()
+            report["picture"] = draw_picture(self, report, self.out_path("campaign.png"))
             self.out_path("campaign.json").write_text(json.dumps(report, indent=2))
         return report
 
@@ -315,260 +395,40 @@ class Campaign:
                 total += sum(status.get("disk_faults_fired", {}).values())
         return total
 
-    def show_progress(self) -> None:
+    def show_progress(self, final: bool = False) -> None:
         done = self.done_items()
         now = self.elapsed()
-        self.progress.append((round(now, 2), done))
+        faults = self.faults_so_far()
+        self.progress.append((round(now, 2), done, faults))
+        # Not a terminal (a log, CI): a plain line every ten seconds.
+        if not (self.interactive or final or len(self.progress) % 10 == 0):
+            return
         kills = sum(1 for e in self.events if e["event"] == "killed")
         rate = done / now if now else 0.0
-        print(
-            f"\r{now:6.1f} s  results triaged {done:5d}/{self.config.items}  "
-            f"{rate:6.1f}/s  faults fired {self.faults_so_far():5d}  kills {kills}  restarts "
-            f"{sum(len(s.launches) - 1 for s in self.slots)}",
-            end="",
-            file=sys.stderr,
-            flush=True,
+        line = (
+            f"{now:6.1f} s  results triaged {done:5d}  {rate:6.1f}/s  faults fired {faults:5d}  "
+            f"kills {kills}  restarts {sum(len(s.launches) - 1 for s in self.slots)}"
         )
+        if self.interactive:
+            print(f"\r\x1b[K{line}", end="", file=sys.stderr, flush=True)
+            self.progress_shown = True
+        else:
+            print(line, file=sys.stderr, flush=True)
 
-    # -- what must hold, re-derived from disk ----------------------------------------
 
-    def report(self, simulate_report: Path) -> dict[str, Any]:
-        config = self.config
-        store = WorkStore(RealFS(), str(self.store_dir), RealClock(), ttl=config.ttl)
-        states = {state.work_id: state for state in store.items()}
-        statuses = Counter(state.status.value for state in states.values())
-        problems: list[str] = []
-        applied_twice = 0
-        derived: dict[str, Any] = {}
-        if config.workload == "fuzz":
-            check = check_campaign_dir(
-                RealFS(), str(self.results_dir), committed=committed_slots(states.values())
-            )
-            problems.extend(check.problems)
-            derived = {
-                "corpus_entries": check.corpus_entries,
-                "crash_files": check.crash_files,
-                "crash_signatures": sorted(check.signatures),
-                "coverage_deltas": check.deltas,
-                "coverage_edges": len(check.coverage),
-                "temp_files_left": check.temp_files,
-            }
-            problems.extend(
-                f"{unsettled.work_id} left {unsettled.status.value}"
-                for unsettled in states.values()
-                if unsettled.status not in (ItemStatus.DONE, ItemStatus.QUARANTINED)
-            )
-        expected = HashWorkload(config.items if config.workload == "hash" else 0)
-        files = set(os.listdir(self.results_dir))
-        for item in expected.items:
-            state = states.get(item)
-            if state is None:
-                problems.append(f"{item} never reached the store")
-                continue
-            if state.status is ItemStatus.QUARANTINED:
-                continue
-            if state.status is not ItemStatus.DONE:
-                problems.append(f"{item} left {state.status.value}")
-                continue
-            assert state.token is not None
-            name = result_name(item, state.token)
-            if name not in files:
-                problems.append(f"{item} is done but its result was never triaged")
-            else:
-                content = (self.results_dir / name).read_bytes()
-                if content != item.encode() + b"\n" + expected.expected(item):
-                    problems.append(f"{item}: the triaged result is wrong")
-            prefix = name.rsplit(".", 1)[0] + "."
-            others = [f for f in files if f.startswith(prefix) and f != name]
-            applied_twice += len(others)
-        merged: Counter[str] = Counter()
-        wasted_cpu = 0.0
-        proposal_attempts: Counter[str] = Counter()
-        fired: Counter[str] = Counter()
-        leaks: list[Leak] = []
-        recovery: list[dict[str, Any]] = []
-        for slot in self.slots:
-            for launch in slot.launches:
-                status_path = Path(f"{launch.report_path}.status")
-                if launch.report is None:
-                    # Killed: what it left behind just before the kill.
-                    if status_path.exists():
-                        status = json.loads(status_path.read_text())
-                        merged.update(status["counts"])
-                        wasted_cpu += status.get("wasted_cpu_seconds", 0.0)
-                        fired.update(status["faults_fired"])
-                        fired.update(status.get("disk_faults_fired", {}))
-                        if launch.number > 1 and status.get("recovered_after_seconds") is not None:
-                            recovery.append(
-                                {
-                                    "coordinator": slot.name,
-                                    "incarnation": status["incarnation"],
-                                    "recovered_after_seconds": status["recovered_after_seconds"],
-                                }
-                            )
-                    continue
-                merged.update(launch.report["counts"])
-                wasted_cpu += launch.report.get("wasted_cpu_seconds", 0.0)
-                fired.update(launch.report["faults_fired"])
-                fired.update(launch.report.get("disk_faults_fired", {}))
-                try:
-                    run_audit = RunAudit.from_json(launch.report.get("audit"))
-                except ValueError as error:
-                    problems.append(f"{slot.name} #{launch.number}: {error}")
-                    run_audit = RunAudit()
-                leaks.extend(run_audit.leaks)
-                problems.extend(launch.report["violations"])
-                applied_twice += launch.report.get("effects_applied_twice", 0)
-                for name in ("counted", "sent"):
-                    proposal_attempts[name] += run_audit.figures.get(f"proposal attempts {name}", 0)
-                if launch.number > 1:
-                    recovery.append(
-                        {
-                            "coordinator": slot.name,
-                            "incarnation": launch.report["incarnation"],
-                            "recovered_after_seconds": launch.report["recovered_after_seconds"],
-                        }
-                    )
-        kills = [e for e in self.events if e["event"] == "killed"]
-        if any(slot.dead_for_good for slot in self.slots):
-            fired["killed-for-good"] += 1
-        if any(launch.hang for slot in self.slots for launch in slot.launches):
-            fired[FaultPoint.WORKER_HUNG.value] += 1
-        simulated: dict[str, Any] = {}
-        if simulate_report.exists():
-            simulated = json.loads(simulate_report.read_text())
-            for name, count in simulated.get("faults_fired", {}).items():
-                fired[f"simulated {name}"] += count
-            if simulated.get("violations"):
-                problems.append(f"simulate found {simulated['violations']} violating schedules")
-        elif config.simulate_schedules > 0:
-            problems.append("the simulate run wrote no report")
-        requested = {point.value for point in config.faults} | {
-            stage.value for stage in config.kill_stages
-        }
-        unfired = sorted(name for name in requested if not fired.get(name))
-        problems.extend(self.crashes)
-        elapsed = self.elapsed()
-        done = statuses.get("done", 0)
-        passed = not problems and not leaks and applied_twice == 0 and not unfired
-        return {
-            "passed": passed,
-            "seconds": round(elapsed, 2),
-            "coordinators": config.coordinators,
-            "ranks_per_coordinator": config.ranks,
-            "items": config.items,
-            "results_committed": done,
-            "throughput_items_per_second": round(done / elapsed, 2) if elapsed else None,
-            "dispatches": merged["dispatches"],
-            "store": dict(sorted(statuses.items())),
-            "faults_fired": dict(sorted(fired.items())),
-            "requested_faults_not_fired": unfired,
-            "leaks": [str(leak) for leak in leaks],
-            # Per resource kind (leases, targets, shards, bandit tokens,
-            # algorithm tokens, pairings, proposal states, dispatch log, ...).
-            "leaks_per_resource": dict(Counter(leak.resource for leak in leaks)),
-            "duplicate_execution_cpu_seconds": round(wasted_cpu, 4),
-            "worker_object_misses_or_task_errors": merged["task errors"],
-            "leaked_claims_in_store": statuses.get("claimed", 0),
-            "left_committing_in_store": statuses.get("committing", 0),
-            "stale_or_duplicate_results_dropped": merged["stale or duplicate results dropped"],
-            "effects_applied_twice": applied_twice,
-            "triage_reruns": merged["triage retries"],
-            "items_rolled_forward_by_a_peer": merged["rolled forward for a peer"],
-            "items_rolled_forward_by_a_restart": merged["rolled forward"],
-            "recovery": recovery,
-            "proposal_attempts_of_finished_incarnations": dict(proposal_attempts),
-            "derived_from_disk": derived,
-            "kills": kills,
-            "consistency_problems": problems,
-            "coordinator_counts": dict(sorted(merged.items())),
-            "simulate": {key: simulated.get(key) for key in ("schedules", "violations", "seconds")},
-            "events": self.events,
-            "progress": self.progress,
-            "note": "counts of a job killed before it reported died with it; "
-            "store, results and consistency are re-derived from disk",
-        }
+def read_status(launch: Launch) -> dict[str, Any]:
+    """What a job last wrote about itself ({} before its first status)."""
+    try:
+        status: dict[str, Any] = json.loads(Path(f"{launch.report_path}.status").read_text())
+    except (OSError, ValueError):
+        return {}
+    return status
 
-    def picture(self) -> str | None:
-        try:
-            import matplotlib
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            from matplotlib.lines import Line2D
-        except ImportError:
-            return None
-        times = [t for t, _ in self.progress]
-        done = [d for _, d in self.progress]
-        rates = [0.0] + [
-            (d1 - d0) / (t1 - t0) if t1 > t0 else 0.0
-            for (t0, d0), (t1, d1) in zip(self.progress, self.progress[1:], strict=False)
-        ]
-        figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-        top.plot(times, done, color="tab:blue")
-        top.set_ylabel("results triaged")
-        top.set_title("dispatchtx campaign: progress, faults and recovery")
-        bottom.plot(times, rates, color="tab:green")
-        bottom.set_ylabel("results/s")
-        bottom.set_xlabel("seconds")
-        colors = {
-            "killed": "tab:red",
-            "start": "tab:gray",
-            "killed for good": "black",
-            "finished": "tab:purple",
-        }
-        for event in self.events:
-            color = colors.get(event["event"])
-            if color is None:
-                continue
-            for axis in (top, bottom):
-                axis.axvline(event["t"], color=color, alpha=0.5, linewidth=1)
-        handles = [Line2D([0], [0], color=color, label=label) for label, color in colors.items()]
-        top.legend(handles=handles, loc="lower right", fontsize="small")
-        path = self.out_path("campaign.png")
-        figure.tight_layout()
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        return str(path)
+def stage_words(stage: FaultPoint) -> str:
+    """ "kill-after-store-commit" -> "after store commit"."""
+    return stage.value.removeprefix("kill-").replace("-", " ")
 
 
 def run_campaign(config: CampaignConfig) -> dict[str, Any]:
     return Campaign(config).run()
-
-
-def print_report(report: dict[str, Any]) -> None:
-    print("dispatchtx campaign")
-    for key in (
-        "seconds",
-        "coordinators",
-        "items",
-        "results_committed",
-        "throughput_items_per_second",
-        "dispatches",
-        "leaked_claims_in_store",
-        "left_committing_in_store",
-        "stale_or_duplicate_results_dropped",
-        "effects_applied_twice",
-        "triage_reruns",
-        "items_rolled_forward_by_a_peer",
-        "items_rolled_forward_by_a_restart",
-        "duplicate_execution_cpu_seconds",
-        "worker_object_misses_or_task_errors",
-    ):
-        print(f"  {key:<40}{report[key]}")
-    print(f"  {'leaks':<40}{len(report['leaks'])}")
-    print("  faults fired:")
-    for name, count in report["faults_fired"].items():
-        print(f"    {name:<44}{count}")
-    for entry in report["recovery"]:
-        print(
-            f"  recovery of {entry['coordinator']} incarnation {entry['incarnation']}: "
-            f"{entry['recovered_after_seconds']} s"
-        )
-    for problem in report["consistency_problems"][:10]:
-        print(f"  PROBLEM: {problem}")
-    if report["requested_faults_not_fired"]:
-        print(f"  requested but not fired: {', '.join(report['requested_faults_not_fired'])}")
-    if report.get("picture"):
-        print(f"  picture: {report['picture']}")
-    print("PASSED" if report["passed"] else "FAILED")
