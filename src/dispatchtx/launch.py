@@ -42,11 +42,8 @@ def start_job(
     """Start `mpiexec -n N python -m module args...` in a new process group;
     with `output`, the launcher's and the ranks' stdout and stderr go there."""
     command = [find_mpiexec(), "-n", str(n_ranks), sys.executable, "-m", module, *args]
-    if output is None:
-        return subprocess.Popen(command, start_new_session=True)
-    return subprocess.Popen(
-        command, start_new_session=True, stdout=output, stderr=subprocess.STDOUT
-    )
+    errors = None if output is None else subprocess.STDOUT
+    return subprocess.Popen(command, start_new_session=True, stdout=output, stderr=errors)
 
 
 def kill_job(job: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

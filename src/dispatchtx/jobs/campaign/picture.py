@@ -16,10 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dispatchtx.jobs.campaign.runner import Campaign
 
-__all__ = ["STALL_AFTER_SECONDS", "Stall", "draw_picture", "find_stalls"]
+__all__ = ["STALL_AFTER_SECONDS", "Stall", "draw_picture", "find_stalls", "stage_words"]
 
 # No result triaged for this long, while work is left, is a stall.
 STALL_AFTER_SECONDS = 2.0
+
+
+def stage_words(stage: str) -> str:
+    """A kill's fault point as words: "kill-after-store-commit" -> "after store commit"."""
+    return stage.removeprefix("kill-").replace("-", " ")
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,10 @@ def _stall(start: float, end: float, events: Sequence[dict[str, Any]]) -> Stall:
         if event["t"] > end:
             break
         kind, name = event["event"], event["coordinator"]
-        if kind in ("killed", "crashed", "stalled"):
+        if kind in ("killed", "crashed", "stalled", "killed for good"):
             pending[name] = event
         elif kind in ("recovered", "finished") and event["t"] <= start:
             pending.pop(name, None)
-        elif kind == "killed for good":
-            pending[name] = event
     causes = []
     for name, event in pending.items():
         if event["event"] == "killed for good":
@@ -170,7 +173,7 @@ def _draw_lanes(campaign: Campaign, axis: Any) -> None:
         ):
             continue  # drawn as killed for good, with its stage
         label = {
-            "killed": event["detail"].removeprefix("kill-").replace("-", " "),
+            "killed": stage_words(event["detail"]),
             "killed for good": f"{event['detail']}, for good",
             "worker lost": f"worker {event['detail']} hung",
             "crashed": f"crash ({event['detail']})",

@@ -32,7 +32,7 @@ from typing import Any
 
 from dispatchtx.coordinator.faults import FaultPoint
 from dispatchtx.jobs.arguments import CONFIGURATION_ERROR
-from dispatchtx.jobs.campaign.picture import draw_picture
+from dispatchtx.jobs.campaign.picture import draw_picture, stage_words
 from dispatchtx.jobs.campaign.report import build_report
 from dispatchtx.launch import kill_job, start_job
 
@@ -251,7 +251,7 @@ class Campaign:
         planned = launch.kill_at is not None and bool(fired.get(launch.kill_at.value))
         if planned and launch.kill_at is not None and not reason:
             self.event("killed", slot.name, launch.kill_at.value)
-            reason = f"killed {stage_words(launch.kill_at)} (planned)"
+            reason = f"killed {stage_words(launch.kill_at.value)} (planned)"
             slot.kills_planned.pop(0)
         else:
             self.crashes.append(
@@ -273,7 +273,7 @@ class Campaign:
         if slot.dies_for_good:
             slot.dead_for_good = True
             slot.ended_because = None
-            stage = stage_words(launch.kill_at) if planned and launch.kill_at else "unplanned"
+            stage = stage_words(launch.kill_at.value) if planned and launch.kill_at else "unplanned"
             self.event("killed for good", slot.name, stage)
             self.say(
                 f"{slot.name} {reason}, not restarted: killed for good, its peers roll its "
@@ -423,11 +423,6 @@ def read_status(launch: Launch) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return status
-
-
-def stage_words(stage: FaultPoint) -> str:
-    """ "kill-after-store-commit" -> "after store commit"."""
-    return stage.value.removeprefix("kill-").replace("-", " ")
 
 
 def run_campaign(config: CampaignConfig) -> dict[str, Any]:
