@@ -224,7 +224,7 @@ def build_report(campaign: Campaign, simulate_report: Path) -> dict[str, Any]:
     kills = [e for e in campaign.events if e["event"] == "killed"]
     if any(slot.dead_for_good for slot in campaign.slots):
         fired["killed-for-good"] += 1
-    if any(launch.hang for slot in campaign.slots for launch in slot.launches):
+    if any(launch.told_hang for slot in campaign.slots for launch in slot.launches):
         fired[FaultPoint.WORKER_HUNG.value] += 1
     simulated: dict[str, Any] = {}
     if simulate_report.exists():

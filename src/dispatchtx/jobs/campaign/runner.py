@@ -187,7 +187,7 @@ class Campaign:
         if kill_at is not None:
             args += ["--kill-at", kill_at.value, "--kill-rate", "0.15"]
         if hang:
-            args += ["--hang-rank", str(config.ranks - 1), "--hang-after", "3", "--strikes", "1"]
+            args += ["--hang-rank", str(config.ranks - 1), "--hang-after", "1", "--strikes", "1"]
         log_path = self.logs_dir / f"{slot.name}.{number}.log"
         with open(log_path, "wb") as log:
             job = start_job(config.ranks, "dispatchtx.jobs.mpi_job", args, output=log)
@@ -209,6 +209,13 @@ class Campaign:
             launch.ended = self.elapsed()
             launch.report = json.loads(launch.report_path.read_text())
             self.tell_recovery(slot, launch, launch.report)
+            # The report can come before any status that named the lost worker.
+            self.tell_hung_worker(slot, launch, launch.report)
+            if launch.hang and not launch.told_hang:
+                self.say(
+                    f"{slot.name}: its planned hung worker got no task to hang on "
+                    "(the work ran out first)"
+                )
             slot.finished = True
             verdict = "passed" if launch.report.get("passed") else "FAILED"
             self.event("finished", slot.name, verdict)
