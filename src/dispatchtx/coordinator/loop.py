@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from dispatchtx import (
     CompensationError,
@@ -85,6 +86,8 @@ class Coordinator(Recovery):
         *,
         faults: FaultPlan | None = None,
         journal_fs: FS | None = None,
+        wrap_tables: Callable[[DispatchTables[DispatchTag]], DispatchTables[DispatchTag]]
+        | None = None,
     ) -> None:
         self.config = config
         self.transport = transport
@@ -97,6 +100,8 @@ class Coordinator(Recovery):
             max_in_flight=config.max_in_flight,
             first_id=self.incarnation << ID_SHIFT,
         )
+        if wrap_tables is not None:  # a checker in front of the tables (the simulator's ledger)
+            self.tables = wrap_tables(self.tables)
         self.leases = WorkLeases(self.tables, store)
         self.dispatch_log: DispatchLog | None = None
         self.journal: AdapterJournal | None = None

@@ -33,6 +33,8 @@ from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.audit import audit, unsettled_items
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
+from dispatchtx.jobs.chain_check import Belief, RecordingStore, check_chains
+from dispatchtx.jobs.ledger import CompensationLedger, checked_tables
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
     FuzzLedger,
@@ -69,6 +71,19 @@ TRANSPORT_FAULTS: dict[str, str] = {
 }
 
 
+class StopSignal(BaseException):
+    """A stop signal arrived mid-dispatch: its handler compensated every
+    PREPARING and ACTIVE dispatch (`tables.shutdown()`), and the process
+    ends. The sweep then meets dispatches that are still PREPARING."""
+
+
+def _stop_signal_step(seed: int, schedule: int) -> int | None:
+    """The step at which a stop signal arrives in this schedule, if any;
+    drawn apart so that the other draws stay as they were."""
+    rng = random.Random(f"{seed}:{schedule}:stop-signal")
+    return rng.randint(1, 400) if rng.random() < 0.25 else None
+
+
 @dataclass
 class Host:
     """One coordinator with its workers (one `mpiexec` job in real runs)."""
@@ -80,6 +95,10 @@ class Host:
     coordinator: Coordinator | None
     local_disk: SimulatedFS  # the host's own disk, for its journal
     dead_for_good: bool = False
+    # Every move of the tables, checked against the compensation ledger
+    # (one per incarnation: an incarnation's dispatches die with it).
+    ledgers: list[CompensationLedger] = field(default_factory=list)
+    incarnations: list[int] = field(default_factory=list)  # in the order they started
 
 
 @dataclass
@@ -158,6 +177,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         hosts.append(Host(f"coord-{index}", transport, clock, workload, None, local_disk))
 
     kills_left = shape["kills"]
+    beliefs: list[Belief] = []  # every claim won and commit made, once durable
     journal_policy = rng.choice(list(FsyncPolicy))
     shape["journal_policy"] = journal_policy.value
     plan_rates: dict[FaultPoint, float] = {
@@ -184,7 +204,10 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         # A start that hits a disk fault (registering its incarnation) exits
         # and is started again, as a supervisor would.
         for _ in range(100):
-            store = WorkStore(fs, ROOT, host.clock, ttl=ttl, retry_pause=lambda seconds: None)
+            store = RecordingStore(
+                fs, ROOT, host.clock, ttl=ttl, retry_pause=lambda seconds: None, beliefs=beliefs
+            )
+            moves = CompensationLedger()
             try:
                 host.coordinator = Coordinator(
                     config,
@@ -193,7 +216,16 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     host.workload,
                     faults=plan,
                     journal_fs=host.local_disk,
+                    wrap_tables=checked_tables(moves),
                 )
+                host.ledgers.append(moves)
+                incarnation = host.coordinator.incarnation
+                if host.incarnations and incarnation <= max(host.incarnations):
+                    report.violations.append(
+                        f"{host.name} started as incarnation {incarnation} after "
+                        f"{host.incarnations}: incarnations out of order"
+                    )
+                host.incarnations.append(incarnation)
                 return
             except (StoreError, OSError):
                 report.counts["failed starts"] += 1
@@ -218,6 +250,20 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
 
     steps = 0
     killed_for_good = False
+    stop_signal_at = _stop_signal_step(seed, schedule)
+    shape["stop_signal_at"] = stop_signal_at
+
+    def arm_stop_signal(host: Host) -> None:
+        """The host's next send is interrupted by a stop signal."""
+
+        def handler(worker: int, work: object) -> None:
+            host.transport.on_send = None
+            if host.coordinator is not None:
+                host.coordinator.tables.shutdown()
+            raise StopSignal
+
+        host.transport.on_send = handler
+
     while True:
         live = [h for h in hosts if not h.dead_for_good]
         if all(h.coordinator is not None and h.coordinator.idle for h in live) and not (
@@ -242,8 +288,16 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         host = hosts[steps % len(hosts)]
         if host.dead_for_good or host.coordinator is None:
             continue
+        if steps == stop_signal_at:
+            arm_stop_signal(host)
         try:
             host.coordinator.step()
+        except StopSignal:
+            report.fired["stop-signal-mid-dispatch"] += 1
+            gather(host)
+            host.local_disk.crash("process")
+            host.coordinator = None
+            start(host)
         except (CoordinatorKilled, SimulatedCrash):
             report.fired["coordinator-killed"] += 1
             kills_left -= 1
@@ -287,10 +341,22 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                 report.fired[TRANSPORT_FAULTS[name]] += count
     report.fired.update(disk_faults.fired)
     report.hosts = hosts
+    for host in hosts:
+        for moves in host.ledgers:
+            report.violations.extend(f"{host.name}: {v}" for v in moves.violations)
+            report.counts["ledger moves checked"] += moves.moves_checked
 
     # What must hold after the run, re-derived from the store and the ledger.
     fs.fault = None
     store = WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl, retry_pause=lambda seconds: None)
+    report.violations.extend(check_chains(store, beliefs))
+    for host in hosts:
+        registered = store.incarnations(host.name)
+        if registered and host.incarnations[-1] != max(registered):
+            report.violations.append(
+                f"{host.name} last ran as incarnation {host.incarnations[-1]}, but the store "
+                f"holds incarnations up to {max(registered)}"
+            )
     for state in unsettled_items(store):
         report.violations.append(f"{state.work_id} left {state.status.value} in the store")
     report.counts["quarantined"] += sum(

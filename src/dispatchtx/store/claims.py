@@ -452,6 +452,11 @@ class WorkStore(SlotChains):
             states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
         return states
 
+    def history(self, work_id: str) -> list[Record]:
+        """The item's chain, slots 1 to the head, as read now: for audits
+        (the simulator checks every claim and commit against it)."""
+        return list(self._load(self._key(work_id), work_id, create=False))
+
     def survey(self) -> Survey:
         """`items()` that does not stop at an item it cannot read: those are
         listed apart, by key, with the reason (for audits and reports)."""

@@ -190,6 +190,9 @@ class SimulatedTransport:
         ):
             self._stats[name] = 0
         self.trace: list[TraceEntry] | None = [] if record_trace else None
+        # Called as a send begins, before anything is posted: the simulator
+        # uses it to run a stop signal's handler mid-dispatch.
+        self.on_send: Callable[[int, Work], None] | None = None
 
     # -- the Transport interface
 
@@ -205,6 +208,8 @@ class SimulatedTransport:
         return self._now
 
     def send(self, worker: int, work: Work) -> None:
+        if self.on_send is not None:
+            self.on_send(worker, work)
         target = self._target(worker, work)
         data = _encode_work(work)
         self._stats["sent"] += 1
@@ -221,6 +226,8 @@ class SimulatedTransport:
         """Posts the send now; its outcome shows at `test` one latency later.
         A simulated failure is then reported whether or not the message went
         out, as an MPI request's error would be."""
+        if self.on_send is not None:
+            self.on_send(worker, work)
         target = self._target(worker, work)
         data = _encode_work(work)
         self._stats["isent"] += 1

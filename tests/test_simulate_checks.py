@@ -1,0 +1,136 @@
+"""Each check `simulate` runs after a schedule fires on the bug it is for.
+
+A plausible regression is planted (monkeypatched into the pure core or an
+adapter), a few dozen schedules run, and the check must report it. The
+coordinator runs on the pure core here in both legs, so a bug planted in
+`dispatchtx._core_py` is the one the coordinator meets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import dispatchtx.coordinator.loop as loop
+from dispatchtx import Compensation, DispatchTables, _core_py
+from dispatchtx.jobs import simulate
+from dispatchtx.jobs.ledger import CompensationLedger, LedgerTables
+
+NO_FAILURES: tuple[()] = ()
+SCHEDULES = 60
+
+
+@pytest.fixture(autouse=True)
+def pure_core(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(loop, "DispatchTables", _core_py.DispatchTables)
+    logging.getLogger("dispatchtx").setLevel(logging.ERROR)
+    yield
+
+
+def violations(match: str, schedules: int = SCHEDULES, seed: int = 1) -> list[str]:
+    found: list[str] = []
+    for schedule in range(schedules):
+        report = simulate.run_schedule(seed, schedule)
+        found.extend(v for v in report.violations if match in v)
+    return found
+
+
+def test_the_checks_pass_the_code_as_it_is() -> None:
+    for schedule in range(SCHEDULES):
+        report = simulate.run_schedule(1, schedule)
+        assert report.violations == [], (schedule, report.violations[:3])
+        assert report.counts["ledger moves checked"] > 0
+
+
+# -- the compensation ledger ---------------------------------------------------
+
+
+def test_compensations_run_in_forward_order_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forward(txn: Any, stack: list[Any], which: int) -> tuple[Any, None]:
+        for i in range(0, len(stack), 2):
+            fn = stack[i]._callables[which]
+            if fn is not None:
+                fn(stack[i + 1])
+        return NO_FAILURES, None
+
+    monkeypatch.setattr(_core_py, "_run", forward)
+    found = violations("compensation ledger")
+    assert found, "forward order passed the ledger"
+    assert "the design says" in found[0]
+
+
+def test_a_discard_that_runs_the_before_send_side_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fenced_out(self: Any, dispatch_id: int) -> Any:
+        txn = self._find(dispatch_id, _core_py._FENCED_OUT_FROM, "fenced_out")
+        del self._txns[txn._id]
+        self._unlink_sent(txn)
+        self._occupied[txn._worker] -= 1
+        self._unlink_worker(txn)
+        return self._roll_back(txn, _core_py._BEFORE)
+
+    monkeypatch.setattr(_core_py.DispatchTables, "fenced_out", fenced_out)
+    found = violations("compensation ledger: fenced_out")
+    assert found and "before_send" in found[0]
+
+
+def test_a_sweep_that_picks_the_before_send_side_for_a_sent_dispatch_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = _core_py._run
+
+    def run_before(txn: Any, stack: list[Any], which: int) -> Any:
+        if which == _core_py._AFTER:
+            which = _core_py._BEFORE
+        return real(txn, stack, which)
+
+    monkeypatch.setattr(_core_py, "_run", run_before)
+    found = violations("compensation ledger")
+    assert any("lose_worker" in v or "shutdown" in v for v in found), found[:3]
+
+
+def test_a_sweep_that_leaves_preparing_dispatches_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def shutdown(self: Any) -> Any:
+        victims = [txn for txn in self._txns.values() if txn._phase is _core_py._ACTIVE]
+        return self._sweep(victims) if victims else NO_FAILURES
+
+    monkeypatch.setattr(_core_py.DispatchTables, "shutdown", shutdown)
+    found = violations("compensation ledger: shutdown left dispatch")
+    assert found and "PREPARING" in found[0]
+
+
+def test_the_schedules_draw_a_stop_signal_while_dispatches_are_preparing() -> None:
+    fired = 0
+    for schedule in range(SCHEDULES):
+        fired += simulate.run_schedule(1, schedule).fired["stop-signal-mid-dispatch"]
+    assert fired > 0
+
+
+def test_the_ledger_passes_each_move_done_right() -> None:
+    ledger = CompensationLedger()
+    tables: LedgerTables[None] = LedgerTables(DispatchTables(2, max_in_flight=2), ledger)
+    ran: list[tuple[str, int]] = []
+    first: Compensation[int] = tables.compensation("first", lambda a: ran.append(("undo", a)), None)
+    second: Compensation[int] = tables.compensation(
+        "second", lambda a: ran.append(("undo", a)), lambda a: ran.append(("discard", a))
+    )
+    never_sent = tables.prepare(0)
+    never_sent.add(first, 1)
+    never_sent.add(second, 2)
+    tables.abort(never_sent.id)
+    sent = tables.prepare(1)
+    sent.add(first, 3)
+    sent.add(second, 4)
+    tables.sent(sent.id, 1.0)
+    preparing = tables.prepare(1)
+    preparing.add(second, 5)
+    tables.shutdown()
+    assert ran == [("undo", 2), ("undo", 1), ("undo", 5), ("discard", 4)]
+    assert ledger.violations == [] and ledger.moves_checked == 2
+    assert ledger.dispatches == {}
