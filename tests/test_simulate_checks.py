@@ -9,6 +9,7 @@ coordinator runs on the pure core here in both legs, so a bug planted in
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,9 @@ import dispatchtx.coordinator.loop as loop
 from dispatchtx import Compensation, DispatchTables, _core_py
 from dispatchtx.jobs import simulate
 from dispatchtx.jobs.ledger import CompensationLedger, LedgerTables
+from dispatchtx.journal import Event
+from dispatchtx.journal import log as journal_log
+from dispatchtx.resources import journaling
 
 NO_FAILURES: tuple[()] = ()
 SCHEDULES = 60
@@ -134,3 +138,86 @@ def test_the_ledger_passes_each_move_done_right() -> None:
     assert ran == [("undo", 2), ("undo", 1), ("undo", 5), ("discard", 4)]
     assert ledger.violations == [] and ledger.moves_checked == 2
     assert ledger.dispatches == {}
+
+
+# -- the journal against memory ------------------------------------------------
+
+
+def test_memory_changed_before_its_journal_append_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def apply_then_append(
+        self: Any, kind: str, is_release: bool, method: Any, adapter: Any, args: Any
+    ) -> Any:
+        if self._applying:
+            return method(adapter, *args)
+        self._applying = True
+        try:
+            result = method(adapter, *args)
+            self._journal.append(Event(kind, list(args)))
+        finally:
+            self._applying = False
+        return result
+
+    monkeypatch.setattr(journaling.AdapterJournal, "_apply", apply_then_append)
+    found = violations("journal")
+    assert found, "memory ahead of the journal passed"
+
+
+def test_a_failed_append_left_in_the_file_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def keep_torn_bytes(self: Any, handle: Any, good_size: int) -> None:
+        self._poisoned = False
+
+    monkeypatch.setattr(journal_log.Journal, "_cut_back", keep_torn_bytes)
+    found = violations("journal")
+    assert found, "a torn record left in the journal passed"
+
+
+class _Unclosable:
+    """An append handle that a compaction cannot close or replace."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+def test_a_journal_that_keeps_its_handle_after_compaction_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = journal_log.Journal._rewrite
+
+    def rewrite_without_reopen(self: Any) -> None:
+        old, fs = self._handle, self._fs
+        if old is None:
+            return real(self)
+        kept = old if isinstance(old, _Unclosable) else _Unclosable(old)
+        self._handle = kept
+
+        class OpensNothing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(fs, name)
+
+            def open_append(self, path: str) -> Any:
+                return kept
+
+        self._fs = OpensNothing()
+        try:
+            real(self)
+        finally:
+            self._fs = fs
+
+    monkeypatch.setattr(journal_log.Journal, "_rewrite", rewrite_without_reopen)
+    found = violations("journal")
+    assert found and "replays to another state" in found[0], found[:1]
+
+
+def test_the_schedules_draw_faults_on_the_journal_disks() -> None:
+    fired: Counter[str] = Counter()
+    for schedule in range(SCHEDULES):
+        fired.update(simulate.run_schedule(1, schedule).fired)
+    assert fired["journal-disk-eio"] and fired["journal-disk-short-write"], fired

@@ -37,6 +37,7 @@ from dispatchtx.fs.faults import (
 )
 from dispatchtx.fs.faulty import (
     DISK_FAULTS,
+    JOURNAL_DISK_FAULTS,
     FaultyAppendHandle,
     FaultyFS,
     KillAction,
@@ -59,6 +60,7 @@ __all__ = [
     "DEFAULT_WALL_START",
     "DISK_FAULTS",
     "FS",
+    "JOURNAL_DISK_FAULTS",
     "TEMP_PREFIX",
     "AppendHandle",
     "Call",

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from dispatchtx.fs.faults import (
     Fault,
@@ -30,6 +30,7 @@ __all__ = [
     "DISK_FAULTS",
     "FaultyAppendHandle",
     "FaultyFS",
+    "JOURNAL_DISK_FAULTS",
     "KillAction",
     "RandomDiskFaults",
     "sigkill_self",
@@ -237,18 +238,37 @@ DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
     Op.FSYNC_DIR: (FaultKind.EIO,),
     Op.PWRITE: (FaultKind.EIO, FaultKind.ENOSPC),
 }
+# What a coordinator's own disk adds for its journal: appends that fail or
+# land torn, fsyncs and cut-backs that fail, a compaction's rename or reopen
+# that fails.
+JOURNAL_DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
+    **DISK_FAULTS,
+    Op.APPEND: (FaultKind.EIO, FaultKind.ENOSPC, FaultKind.SHORT_WRITE),
+    Op.FSYNC: (FaultKind.EIO,),
+    Op.TRUNCATE: (FaultKind.EIO,),
+    Op.RENAME: (FaultKind.EIO,),
+    Op.OPEN_APPEND: (FaultKind.EIO,),
+}
 
 
 class RandomDiskFaults:
-    """A fault hook for SimulatedFS: each call fails with probability `rate`."""
+    """A fault hook for SimulatedFS: each call fails with probability `rate`,
+    with one of the kinds `faults` lists for its op (by default the shared
+    store's, `DISK_FAULTS`)."""
 
-    def __init__(self, rng: random.Random, rate: float) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        rate: float,
+        faults: Mapping[Op, tuple[FaultKind, ...]] | None = None,
+    ) -> None:
         self._rng = rng
         self.rate = rate
+        self.faults = DISK_FAULTS if faults is None else faults
         self.fired: Counter[str] = Counter()
 
     def __call__(self, op: Op, path: str) -> Fault | None:
-        kinds = DISK_FAULTS.get(op)
+        kinds = self.faults.get(op)
         if not kinds or self.rate <= 0.0 or self._rng.random() >= self.rate:
             return None
         kind = self._rng.choice(kinds)

@@ -32,8 +32,9 @@ from typing import Any
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.audit import audit, unsettled_items
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
-from dispatchtx.fs import RandomDiskFaults, SimulatedCrash, SimulatedFS
+from dispatchtx.fs import JOURNAL_DISK_FAULTS, RandomDiskFaults, SimulatedCrash, SimulatedFS
 from dispatchtx.jobs.chain_check import Belief, RecordingStore, check_chains
+from dispatchtx.jobs.journal_check import journal_differs
 from dispatchtx.jobs.ledger import CompensationLedger, checked_tables
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
@@ -44,7 +45,7 @@ from dispatchtx.jobs.workloads.fuzz import (
     fuzz_task,
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, TriageLedger, hash_task
-from dispatchtx.journal import FsyncPolicy
+from dispatchtx.journal import FsyncPolicy, JournalCorrupt
 from dispatchtx.store import ItemStatus, StoreError, WorkStore
 from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
@@ -69,6 +70,9 @@ TRANSPORT_FAULTS: dict[str, str] = {
     "send_failure": "transport-send-failure",
     "ambiguous_send": "transport-ambiguous-send",
 }
+# Steps between checks of a journal against memory (each incarnation's end
+# is checked as well).
+JOURNAL_CHECK_EVERY = 64
 
 
 class StopSignal(BaseException):
@@ -141,6 +145,13 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     report = ScheduleReport(seed, schedule, shape)
     disk_faults = RandomDiskFaults(random.Random(rng.random()), shape["disk_fault_rate"])
     fs = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
+    # The coordinators' own disks fail apart, journal calls included (drawn
+    # apart so that the other draws stay as they were).
+    journal_rng = random.Random(f"{seed}:{schedule}:journal-disk")
+    shape["journal_disk_fault_rate"] = journal_rng.choice((0.0, 0.01, 0.03))
+    journal_faults = RandomDiskFaults(
+        journal_rng, shape["journal_disk_fault_rate"], JOURNAL_DISK_FAULTS
+    )
     ttl = 0.5
     shared_items = HashWorkload(n_items).items
     # One ledger of triage effects, as the shared corpus would be.
@@ -173,7 +184,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         else:
             workload = HashWorkload(n_items, ledger=ledger)
         clock = TransportClock(transport, 1.7e9 + rng.uniform(-5, 5))
-        local_disk = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
+        local_disk = SimulatedFS(seed=rng.randrange(2**32), fault=journal_faults)
         hosts.append(Host(f"coord-{index}", transport, clock, workload, None, local_disk))
 
     kills_left = shape["kills"]
@@ -229,15 +240,27 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                 return
             except (StoreError, OSError):
                 report.counts["failed starts"] += 1
+            except JournalCorrupt as error:  # its own journal, written by the code under test
+                report.violations.append(f"{host.name} cannot restart: {error}")
+                host.dead_for_good = True
+                return
         raise RuntimeError(f"{host.name} could not start in 100 attempts")
 
     for host in hosts:
         start(host)
 
+    def check_journal(host: Host) -> None:
+        if host.coordinator is not None:
+            problem = journal_differs(host.coordinator, host.local_disk)
+            if problem is not None:
+                report.violations.append(f"{host.name} step {steps}: {problem}")
+
     def gather(host: Host) -> None:
+        """An incarnation ends: its journal is checked, its counts kept."""
         coordinator = host.coordinator
         if coordinator is None:
             return
+        check_journal(host)
         report.counts.update(coordinator.stats.counts)
         for point, count in coordinator.faults.fired.items():
             report.fired[point.value] += count
@@ -292,6 +315,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             arm_stop_signal(host)
         try:
             host.coordinator.step()
+            if steps % JOURNAL_CHECK_EVERY == 0:
+                check_journal(host)
         except StopSignal:
             report.fired["stop-signal-mid-dispatch"] += 1
             gather(host)
@@ -340,6 +365,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             if name in TRANSPORT_FAULTS and count:
                 report.fired[TRANSPORT_FAULTS[name]] += count
     report.fired.update(disk_faults.fired)
+    report.fired.update({f"journal-{name}": n for name, n in journal_faults.fired.items()})
     report.hosts = hosts
     for host in hosts:
         for moves in host.ledgers:
