@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,9 +19,10 @@ import dispatchtx.coordinator.loop as loop
 from dispatchtx import Compensation, DispatchTables, _core_py
 from dispatchtx.jobs import simulate
 from dispatchtx.jobs.ledger import CompensationLedger, LedgerTables
+from dispatchtx.jobs.resource_check import TrueCounts
 from dispatchtx.journal import Event
 from dispatchtx.journal import log as journal_log
-from dispatchtx.resources import journaling
+from dispatchtx.resources import algorithms, journaling, pairing, params, shards
 
 NO_FAILURES: tuple[()] = ()
 SCHEDULES = 60
@@ -221,3 +222,72 @@ def test_the_schedules_draw_faults_on_the_journal_disks() -> None:
     for schedule in range(SCHEDULES):
         fired.update(simulate.run_schedule(1, schedule).fired)
     assert fired["journal-disk-eio"] and fired["journal-disk-short-write"], fired
+
+
+# -- each counting resource, re-derived from the moves -------------------------
+
+
+def test_a_shard_undo_that_keeps_its_lease_count_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def take_back_keeping_the_count(self: Any, shard: str, task: str, dispatch_id: int) -> None:
+        self._shards[shard][task].holder = None
+
+    monkeypatch.setattr(shards.ShardLeases, "_ev_take_back", take_back_keeping_the_count)
+    found = violations("shards:")
+    assert found and "went out" in found[0], found[:1]
+
+
+def test_an_algorithm_discard_that_rewinds_the_stage_that_ran_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = algorithms.AlgorithmSelector._ev_discard
+
+    def discard_and_rewind(self: Any, token: str) -> None:
+        self._stages[self._pending[token].stage].pulls -= 1
+        real(self, token)
+
+    monkeypatch.setattr(algorithms.AlgorithmSelector, "_ev_discard", discard_and_rewind)
+    found = violations("algorithms:")
+    assert found and "went out" in found[0], found[:1]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "name"), [(pairing.SeedPairing, "pairing:"), (params.ParameterBandit, "params:")]
+)
+def test_an_adapter_discard_that_runs_its_undo_is_caught(
+    monkeypatch: pytest.MonkeyPatch, adapter: type[Any], name: str
+) -> None:
+    monkeypatch.setattr(adapter, "discard", adapter.undo)
+    found = violations(name)
+    assert found and "a discard keeps it" in found[0], found[:1]
+
+
+def test_true_counts_follow_undo_discard_and_release() -> None:
+    ledger = CompensationLedger()
+    tables: LedgerTables[None] = LedgerTables(DispatchTables(1, max_in_flight=3), ledger)
+    leases = shards.ShardLeases(cast(DispatchTables[Any], tables))
+    leases.add_task("s", "t")
+    count = TrueCounts(
+        leases.name,
+        lambda lease: (lease.shard, lease.task),
+        lambda key: leases.lease_count(*key),
+        lambda key: leases.failure_count(*key),
+    )
+    ledger.observers[leases.name] = count
+    for end in ("abort", "fenced_out", "finished"):
+        txn = tables.prepare(0)
+        leases.reserve(cast(Any, txn), "s", "t")
+        if end == "abort":
+            tables.abort(txn.id)
+            continue
+        tables.sent(txn.id, 1.0)
+        if end == "fenced_out":
+            tables.fenced_out(txn.id)
+        else:
+            tables.fence_passed(txn.id)
+            tables.finished(txn.id)
+    assert count.counted[("s", "t")] == 2 and count.discarded[("s", "t")] == 1
+    assert count.problems() == []
+    leases._shards["s"]["t"].leases += 1  # an adapter off by one
+    assert count.problems() and "counts 3 dispatches, but 2 went out" in count.problems()[0]

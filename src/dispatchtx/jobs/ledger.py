@@ -62,6 +62,9 @@ class CompensationLedger:
     sides: dict[int, frozenset[Side]] = field(default_factory=dict)  # sides with a callable
     dispatches: dict[int, _Dispatch] = field(default_factory=dict)
     moves_checked: int = 0
+    # Compensation name -> called with ("reserved" or a side's value, the
+    # reservation) once a reservation is added or a compensation returned.
+    observers: dict[str, Callable[[str, Any], None]] = field(default_factory=dict)
     _depth: int = 0  # moves in progress (a compensation may call into the tables)
 
     def expected(self, dispatch_id: int, side: Side) -> list[tuple[int, Side, Any]]:
@@ -92,6 +95,11 @@ class CompensationLedger:
             f"the design says {self._describe(expected)}"
         )
 
+    def observe(self, key: int, event: str, arg: Any) -> None:
+        observer = self.observers.get(self.names.get(key, ""))
+        if observer is not None:
+            observer(event, arg)
+
     def _describe(self, calls: list[tuple[int, Side, Any]]) -> str:
         if not calls:
             return "nothing"
@@ -120,6 +128,7 @@ class _LedgerTransaction(Generic[T]):
         record = self._ledger.dispatches.get(self._txn.id)
         if record is not None:
             record.acquired.append((id(comp), arg))
+        self._ledger.observe(id(comp), "reserved", arg)
 
     def __len__(self) -> int:
         return len(self._txn)
@@ -204,7 +213,9 @@ class LedgerTables(Generic[T]):
                         f"compensation ledger: {name}.{side.value}({arg!r}) ran outside any move"
                     )
                 ledger.ran.append((key_box[0], side, arg))
-                return real(arg)
+                result = real(arg)
+                ledger.observe(key_box[0], side.value, arg)
+                return result
 
             return run
 

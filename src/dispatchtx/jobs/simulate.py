@@ -36,6 +36,7 @@ from dispatchtx.fs import JOURNAL_DISK_FAULTS, RandomDiskFaults, SimulatedCrash,
 from dispatchtx.jobs.chain_check import Belief, RecordingStore, check_chains
 from dispatchtx.jobs.journal_check import journal_differs
 from dispatchtx.jobs.ledger import CompensationLedger, checked_tables
+from dispatchtx.jobs.resource_check import TrueCounts, fuzz_counts
 from dispatchtx.jobs.workloads.fuzz import (
     FuzzConfig,
     FuzzLedger,
@@ -103,6 +104,8 @@ class Host:
     # (one per incarnation: an incarnation's dispatches die with it).
     ledgers: list[CompensationLedger] = field(default_factory=list)
     incarnations: list[int] = field(default_factory=list)  # in the order they started
+    # The counting adapters of the incarnation running, followed through its ledger.
+    counts: list[TrueCounts] = field(default_factory=list)
 
 
 @dataclass
@@ -230,6 +233,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                     wrap_tables=checked_tables(moves),
                 )
                 host.ledgers.append(moves)
+                if isinstance(host.workload, FuzzWorkload):
+                    host.counts = fuzz_counts(host.workload.adapters, moves)
                 incarnation = host.coordinator.incarnation
                 if host.incarnations and incarnation <= max(host.incarnations):
                     report.violations.append(
@@ -261,6 +266,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         if coordinator is None:
             return
         check_journal(host)
+        for counted in host.counts:
+            report.violations.extend(f"{host.name}: {problem}" for problem in counted.problems())
         report.counts.update(coordinator.stats.counts)
         for point, count in coordinator.faults.fired.items():
             report.fired[point.value] += count
