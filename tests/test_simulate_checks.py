@@ -9,6 +9,7 @@ coordinator runs on the pure core here in both legs, so a bug planted in
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, cast
@@ -17,6 +18,7 @@ import pytest
 
 import dispatchtx.coordinator.loop as loop
 from dispatchtx import Compensation, DispatchTables, _core_py
+from dispatchtx.fs import Fault, FaultKind, Op, RandomDiskFaults
 from dispatchtx.jobs import simulate
 from dispatchtx.jobs.ledger import CompensationLedger, LedgerTables
 from dispatchtx.jobs.resource_check import TrueCounts
@@ -291,3 +293,42 @@ def test_true_counts_follow_undo_discard_and_release() -> None:
     assert count.problems() == []
     leases._shards["s"]["t"].leases += 1  # an adapter off by one
     assert count.problems() and "counts 3 dispatches, but 2 went out" in count.problems()[0]
+
+
+# -- the store's chains and who acts on them -------------------------------------
+
+
+def test_owner_effects_applied_by_a_peer_rolling_forward_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = loop.Coordinator._triage
+
+    def always_as_owner(self: Any, committed: Any, *, owner: bool) -> None:
+        real(self, committed, owner=True)
+
+    monkeypatch.setattr(loop.Coordinator, "_triage", always_as_owner)
+    found = violations("applied the owner's local effects")
+    assert found and "whose commit is" in found[0], found[:1]
+
+
+def test_the_schedules_pause_a_coordinator_mid_commit_and_its_peer_rolls_forward() -> None:
+    counts: Counter[str] = Counter()
+    for schedule in range(SCHEDULES):
+        report = simulate.run_schedule(1, schedule)
+        counts.update(report.fired)
+        counts.update(report.counts)
+    assert counts["coordinator-paused-in-begin-commit"] and counts["coordinator-paused-in-complete"]
+    assert counts["rolled forward for a peer"] > 0, counts
+
+
+def test_a_sticky_stale_absent_repeats_for_its_path_only() -> None:
+    faults = RandomDiskFaults(
+        random.Random(0), 1.0, {Op.READ: (FaultKind.STALE_ABSENT,)}, absent_repeats=2
+    )
+    assert faults(Op.READ, "/a") == Fault(FaultKind.STALE_ABSENT)
+    faults.rate = 0.0
+    assert faults(Op.READ, "/b") is None
+    assert faults(Op.EXISTS, "/a") == Fault(FaultKind.STALE_ABSENT)
+    assert faults(Op.READ, "/a") == Fault(FaultKind.STALE_ABSENT)
+    assert faults(Op.READ, "/a") is None
+    assert faults.fired["disk-stale-absent"] == 3

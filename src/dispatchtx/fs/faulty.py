@@ -254,23 +254,40 @@ JOURNAL_DISK_FAULTS: dict[Op, tuple[FaultKind, ...]] = {
 class RandomDiskFaults:
     """A fault hook for SimulatedFS: each call fails with probability `rate`,
     with one of the kinds `faults` lists for its op (by default the shared
-    store's, `DISK_FAULTS`)."""
+    store's, `DISK_FAULTS`).
+
+    A stale "absent" sticks, as a client's cached negative look-up does
+    until it expires: after one, the next `absent_repeats` reads or exists
+    checks of that path say "absent" too (so a read-back right after a
+    failed look-up meets it again)."""
 
     def __init__(
         self,
         rng: random.Random,
         rate: float,
         faults: Mapping[Op, tuple[FaultKind, ...]] | None = None,
+        *,
+        absent_repeats: int = 0,
     ) -> None:
         self._rng = rng
         self.rate = rate
         self.faults = DISK_FAULTS if faults is None else faults
+        self.absent_repeats = absent_repeats
+        self._absent: dict[str, int] = {}  # path -> look-ups still cached absent
         self.fired: Counter[str] = Counter()
 
     def __call__(self, op: Op, path: str) -> Fault | None:
+        if self._absent and (op is Op.READ or op is Op.EXISTS) and path in self._absent:
+            left = self._absent.pop(path) - 1
+            if left:
+                self._absent[path] = left
+            self.fired["disk-stale-absent"] += 1
+            return Fault(FaultKind.STALE_ABSENT)
         kinds = self.faults.get(op)
         if not kinds or self.rate <= 0.0 or self._rng.random() >= self.rate:
             return None
         kind = self._rng.choice(kinds)
         self.fired[f"disk-{kind.name.lower().replace('_', '-')}"] += 1
+        if kind is FaultKind.STALE_ABSENT and self.absent_repeats:
+            self._absent[path] = self.absent_repeats
         return Fault(kind)

@@ -12,19 +12,31 @@ reads every chain from the disk with no faults and finds:
   two commits, a `done` for another token than the commit's;
 - a claim a coordinator acted on that the chain gives to another owner, or
   does not hold at all (a claim decided from a read that said "absent");
-- a commit a coordinator acted on that the chain does not hold as its own.
+- a commit a coordinator acted on that the chain does not hold as its own;
+- an owner's local effects (a reward, a feedback, a verdict) applied by a
+  coordinator that did not claim the commit (a peer rolling it forward).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dispatchtx.store import Change, ClaimOutcome, ClaimResult, CommitOutcome, Owner, WorkStore
+from dispatchtx.coordinator.workload import Workload
+from dispatchtx.store import (
+    Change,
+    ClaimOutcome,
+    ClaimResult,
+    CommitOutcome,
+    CompleteOutcome,
+    Owner,
+    StoreError,
+    WorkStore,
+)
 
-__all__ = ["Belief", "RecordingStore", "check_chains"]
+__all__ = ["Belief", "OwnerEffect", "RecordingStore", "check_chains", "record_owner_effects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +49,42 @@ class Belief:
     owner: Owner
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerEffect:
+    """Triage run as the item's owner: its local effects were applied."""
+
+    coordinator: str
+    work_id: str
+    token: int
+
+
+def record_owner_effects(workload: Workload, coordinator: str, effects: list[OwnerEffect]) -> None:
+    """Append to `effects` each triage `workload` runs as the owner."""
+    triage = workload.triage
+
+    def recorded(work_id: str, token: int, result: bytes, *, owner: bool) -> None:
+        triage(work_id, token, result, owner=owner)
+        if owner:
+            effects.append(OwnerEffect(coordinator, work_id, token))
+
+    workload.triage = recorded  # type: ignore[method-assign]
+
+
 class RecordingStore(WorkStore):
     """A `WorkStore` that appends to `beliefs` what it won, once durable."""
 
-    def __init__(self, *args: Any, beliefs: list[Belief], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        beliefs: list[Belief],
+        before_call: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.beliefs = beliefs
+        # Called with "begin_commit" or "complete" as either starts (the
+        # simulator pauses a coordinator there).
+        self.before_call = before_call
         self._held: list[Belief] | None = None
 
     def _note(self, kind: str, work_id: str, token: int) -> None:
@@ -61,10 +103,17 @@ class RecordingStore(WorkStore):
         return result
 
     def begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
+        if self.before_call is not None:
+            self.before_call("begin_commit")
         outcome = super().begin_commit(work_id, token, result)
         if outcome is CommitOutcome.COMMITTED:
             self._note("commit", work_id, token)
         return outcome
+
+    def complete(self, work_id: str, token: int) -> CompleteOutcome:
+        if self.before_call is not None:
+            self.before_call("complete")
+        return super().complete(work_id, token)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -78,13 +127,23 @@ class RecordingStore(WorkStore):
         self.beliefs.extend(held)  # the block ended without error: all durable
 
 
-def check_chains(store: WorkStore, beliefs: list[Belief]) -> list[str]:
+def check_chains(
+    store: WorkStore, beliefs: list[Belief], owner_effects: Sequence[OwnerEffect] = ()
+) -> list[str]:
     """Every item's chain in `store` (read with no faults), checked for its
     shape and against what the coordinators acted on."""
     problems: list[str] = []
     chains = {}
-    for state in store.items():
-        chain = store.history(state.work_id)
+    survey = store.survey()
+    problems.extend(
+        f"item {key} does not read: {why}" for key, why in sorted(survey.unreadable.items())
+    )
+    for state in survey.states:
+        try:
+            chain = store.history(state.work_id)
+        except StoreError as error:  # the chain itself is out of shape
+            problems.append(f"{state.work_id!r}: its chain does not read: {error}")
+            continue
         chains[state.work_id] = chain
         commits = []
         for index, record in enumerate(chain):
@@ -122,5 +181,14 @@ def check_chains(store: WorkStore, beliefs: list[Belief]) -> list[str]:
             problems.append(
                 f"{belief.owner} acted on its {belief.kind} of {belief.work_id!r} "
                 f"(token {belief.token}), but slot {slot} holds {found}"
+            )
+    for effect in owner_effects:
+        chain = chains.get(effect.work_id, [])
+        commit = chain[effect.token] if effect.token < len(chain) else None
+        claimer = None if commit is None or commit.owner is None else commit.owner.coordinator
+        if claimer != effect.coordinator:
+            problems.append(
+                f"{effect.coordinator} applied the owner's local effects of {effect.work_id!r} "
+                f"(token {effect.token}), whose commit is {claimer or 'nobody'}'s"
             )
     return problems

@@ -33,7 +33,13 @@ from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.audit import audit, unsettled_items
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.fs import JOURNAL_DISK_FAULTS, RandomDiskFaults, SimulatedCrash, SimulatedFS
-from dispatchtx.jobs.chain_check import Belief, RecordingStore, check_chains
+from dispatchtx.jobs.chain_check import (
+    Belief,
+    OwnerEffect,
+    RecordingStore,
+    check_chains,
+    record_owner_effects,
+)
 from dispatchtx.jobs.journal_check import journal_differs
 from dispatchtx.jobs.ledger import CompensationLedger, checked_tables
 from dispatchtx.jobs.resource_check import TrueCounts, fuzz_counts
@@ -74,6 +80,8 @@ TRANSPORT_FAULTS: dict[str, str] = {
 # Steps between checks of a journal against memory (each incarnation's end
 # is checked as well).
 JOURNAL_CHECK_EVERY = 64
+# The most steps a paused coordinator's peer runs before the pause ends.
+MAX_PAUSE_STEPS = 50_000
 
 
 class StopSignal(BaseException):
@@ -87,6 +95,29 @@ def _stop_signal_step(seed: int, schedule: int) -> int | None:
     drawn apart so that the other draws stay as they were."""
     rng = random.Random(f"{seed}:{schedule}:stop-signal")
     return rng.randint(1, 400) if rng.random() < 0.25 else None
+
+
+@dataclass
+class Stall:
+    """Where coord-0 of a two-coordinator schedule is paused: inside its
+    `nth` store call `call`, while its peer's clock runs `seconds` on."""
+
+    call: str  # "begin_commit" or "complete"
+    nth: int
+    seconds: float
+    calls: int = 0
+    peer_crashed: bool = False
+
+
+def _stall_draw(seed: int, schedule: int, n_hosts: int) -> Stall | None:
+    """Half the two-coordinator schedules pause coord-0 once; drawn apart so
+    that the other draws stay as they were."""
+    rng = random.Random(f"{seed}:{schedule}:stall")
+    if n_hosts < 2 or rng.random() >= 0.5:
+        return None
+    return Stall(
+        rng.choice(("begin_commit", "complete")), rng.randint(1, 4), rng.choice((1.0, 3.0, 10.0))
+    )
 
 
 @dataclass
@@ -146,7 +177,14 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     }
     fuzzing = shape["workload"] == "fuzz"
     report = ScheduleReport(seed, schedule, shape)
-    disk_faults = RandomDiskFaults(random.Random(rng.random()), shape["disk_fault_rate"])
+    # A stale "absent" sticks for a few look-ups of its path, as a cached
+    # negative look-up does (drawn apart so that the other draws stay).
+    shape["absent_repeats"] = random.Random(f"{seed}:{schedule}:absent").choice((0, 2, 4))
+    disk_faults = RandomDiskFaults(
+        random.Random(rng.random()),
+        shape["disk_fault_rate"],
+        absent_repeats=shape["absent_repeats"],
+    )
     fs = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
     # The coordinators' own disks fail apart, journal calls included (drawn
     # apart so that the other draws stay as they were).
@@ -162,6 +200,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     fuzz_ledger = FuzzLedger()
     expected = HashWorkload(n_items)
     hosts: list[Host] = []
+    owner_effects: list[OwnerEffect] = []  # every triage run as the item's owner
     for index in range(n_hosts):
         sim_faults = SimFaults(
             send_failure=rng.choice((0.0, 0.05)),
@@ -186,11 +225,14 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             workload = FuzzWorkload(fs, CAMPAIGN, fuzz, ledger=fuzz_ledger)
         else:
             workload = HashWorkload(n_items, ledger=ledger)
+        record_owner_effects(workload, f"coord-{index}", owner_effects)
         clock = TransportClock(transport, 1.7e9 + rng.uniform(-5, 5))
         local_disk = SimulatedFS(seed=rng.randrange(2**32), fault=journal_faults)
         hosts.append(Host(f"coord-{index}", transport, clock, workload, None, local_disk))
 
     kills_left = shape["kills"]
+    stall = _stall_draw(seed, schedule, n_hosts)
+    shape["stall"] = None if stall is None else f"{stall.call} #{stall.nth}, {stall.seconds} s"
     beliefs: list[Belief] = []  # every claim won and commit made, once durable
     journal_policy = rng.choice(list(FsyncPolicy))
     shape["journal_policy"] = journal_policy.value
@@ -219,7 +261,13 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         # and is started again, as a supervisor would.
         for _ in range(100):
             store = RecordingStore(
-                fs, ROOT, host.clock, ttl=ttl, retry_pause=lambda seconds: None, beliefs=beliefs
+                fs,
+                ROOT,
+                host.clock,
+                ttl=ttl,
+                retry_pause=lambda seconds: None,
+                beliefs=beliefs,
+                before_call=before_store_call if host is hosts[0] else None,
             )
             moves = CompensationLedger()
             try:
@@ -250,9 +298,6 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
                 host.dead_for_good = True
                 return
         raise RuntimeError(f"{host.name} could not start in 100 attempts")
-
-    for host in hosts:
-        start(host)
 
     def check_journal(host: Host) -> None:
         if host.coordinator is not None:
@@ -294,6 +339,76 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
 
         host.transport.on_send = handler
 
+    def step_host(host: Host, *, while_peer_paused: bool = False) -> bool:
+        """One step of `host`'s coordinator, with what a kill or a stop
+        signal brings; False once the code under test crashed. While its
+        peer is paused mid-call, a kill is a process kill: a power loss
+        would end the paused peer too."""
+        nonlocal kills_left, killed_for_good
+        assert host.coordinator is not None
+        try:
+            host.coordinator.step()
+            if steps % JOURNAL_CHECK_EVERY == 0 and not while_peer_paused:
+                check_journal(host)
+        except StopSignal:
+            report.fired["stop-signal-mid-dispatch"] += 1
+            gather(host)
+            host.local_disk.crash("process")
+            host.coordinator = None
+            start(host)
+        except (CoordinatorKilled, SimulatedCrash):
+            report.fired["coordinator-killed"] += 1
+            kills_left -= 1
+            report.counts["kills"] += 1
+            # A process kill ends this coordinator; a power loss ends the
+            # machine: the shared store's disk and every coordinator on it.
+            power = rng.random() < 0.5 and not while_peer_paused
+            report.fired["power-loss" if power else "process-kill"] += 1
+            victims = [h for h in hosts if h.coordinator is not None] if power else [host]
+            if power:
+                fs.crash("power")
+            for victim in victims:
+                gather(victim)
+                victim.local_disk.crash("power" if power else "process")
+                victim.coordinator = None
+                if shape["kill_one_for_good"] and not killed_for_good and victim is hosts[0]:
+                    killed_for_good = True
+                    victim.dead_for_good = True
+                    report.fired["killed-for-good"] += 1
+                    continue
+                start(victim)  # the workload's attach offers its taken items again
+        except Exception as error:  # a crash of the code under test is a violation
+            report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
+            return False
+        return True
+
+    def pause(call: str) -> None:
+        """coord-0 stops inside a store call (SIGSTOP, a long GC pause, a
+        swapped-out VM) while coord-1 runs on: coord-0's claims expire and
+        are taken over, its committed items are rolled forward by the peer;
+        then coord-0 resumes the call with its old token, which the store's
+        fence must refuse (or, for `complete`, find done)."""
+        peer = hosts[1]
+        assert stall is not None
+        report.fired[f"coordinator-paused-in-{call.replace('_', '-')}"] += 1
+        started = peer.transport.now()
+        for _ in range(MAX_PAUSE_STEPS):
+            if peer.transport.now() - started >= stall.seconds:
+                return
+            if peer.dead_for_good or peer.coordinator is None:
+                return
+            if not step_host(peer, while_peer_paused=True):
+                stall.peer_crashed = True  # the schedule ends after this step
+                return
+
+    def before_store_call(call: str) -> None:
+        if stall is not None and call == stall.call and stall.calls < stall.nth:
+            stall.calls += 1
+            if stall.calls == stall.nth:
+                pause(call)
+
+    for host in hosts:
+        start(host)
     while True:
         live = [h for h in hosts if not h.dead_for_good]
         if all(h.coordinator is not None and h.coordinator.idle for h in live) and not (
@@ -320,39 +435,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             continue
         if steps == stop_signal_at:
             arm_stop_signal(host)
-        try:
-            host.coordinator.step()
-            if steps % JOURNAL_CHECK_EVERY == 0:
-                check_journal(host)
-        except StopSignal:
-            report.fired["stop-signal-mid-dispatch"] += 1
-            gather(host)
-            host.local_disk.crash("process")
-            host.coordinator = None
-            start(host)
-        except (CoordinatorKilled, SimulatedCrash):
-            report.fired["coordinator-killed"] += 1
-            kills_left -= 1
-            report.counts["kills"] += 1
-            # A process kill ends this coordinator; a power loss ends the
-            # machine: the shared store's disk and every coordinator on it.
-            power = rng.random() < 0.5
-            report.fired["power-loss" if power else "process-kill"] += 1
-            victims = [h for h in hosts if h.coordinator is not None] if power else [host]
-            if power:
-                fs.crash("power")
-            for victim in victims:
-                gather(victim)
-                victim.local_disk.crash("power" if power else "process")
-                victim.coordinator = None
-                if shape["kill_one_for_good"] and not killed_for_good and victim is hosts[0]:
-                    killed_for_good = True
-                    victim.dead_for_good = True
-                    report.fired["killed-for-good"] += 1
-                    continue
-                start(victim)  # the workload's attach offers its taken items again
-        except Exception as error:  # a crash of the code under test is a violation
-            report.violations.append(f"{host.name} raised {type(error).__name__}: {error}")
+        if not step_host(host) or (stall is not None and stall.peer_crashed):
             break
 
     for host in hosts:
@@ -382,7 +465,8 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     # What must hold after the run, re-derived from the store and the ledger.
     fs.fault = None
     store = WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl, retry_pause=lambda seconds: None)
-    report.violations.extend(check_chains(store, beliefs))
+    report.violations.extend(check_chains(store, beliefs, owner_effects))
+    states = store.survey().states  # an unreadable item is a violation, reported above
     for host in hosts:
         registered = store.incarnations(host.name)
         if registered and host.incarnations[-1] != max(registered):
@@ -393,14 +477,14 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
     for state in unsettled_items(store):
         report.violations.append(f"{state.work_id} left {state.status.value} in the store")
     report.counts["quarantined"] += sum(
-        1 for state in store.items() if state.status is ItemStatus.QUARANTINED
+        1 for state in states if state.status is ItemStatus.QUARANTINED
     )
     if report.counts["task errors"]:
         report.violations.append(
             f"{report.counts['task errors']} tasks ran without their object (false cache hit)"
         )
     if fuzzing:
-        check = check_campaign_dir(fs, CAMPAIGN, committed=committed_slots(store.items()))
+        check = check_campaign_dir(fs, CAMPAIGN, committed=committed_slots(states))
         report.violations.extend(check.problems)
         report.violations.extend(fuzz_ledger.violations)
         if fuzz_ledger.effects_applied_twice:
@@ -408,7 +492,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         report.counts["triage reruns"] += fuzz_ledger.reruns
         report.counts["coverage edges"] += len(check.coverage)
         return report
-    known = {state.work_id for state in store.items()}
+    known = {state.work_id for state in states}
     for item in shared_items:
         if item not in known:
             report.violations.append(f"{item} never reached the store")
