@@ -11,20 +11,23 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 
 import dispatchtx.coordinator.loop as loop
 from dispatchtx import Compensation, DispatchTables, _core_py
-from dispatchtx.fs import Fault, FaultKind, Op, RandomDiskFaults
+from dispatchtx.fs import Fault, FaultKind, Op, RandomDiskFaults, SimulatedFS
 from dispatchtx.jobs import simulate
 from dispatchtx.jobs.ledger import CompensationLedger, LedgerTables
 from dispatchtx.jobs.resource_check import TrueCounts
 from dispatchtx.journal import Event
 from dispatchtx.journal import log as journal_log
 from dispatchtx.resources import algorithms, journaling, pairing, params, shards
+from dispatchtx.store import CommitOutcome, claims, publication
+from dispatchtx.store.records import Change, Record
 
 NO_FAILURES: tuple[()] = ()
 SCHEDULES = 60
@@ -37,19 +40,51 @@ def pure_core(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def violations(match: str, schedules: int = SCHEDULES, seed: int = 1) -> list[str]:
-    found: list[str] = []
+# A planted bug can livelock a schedule: a few thousand steps show it.
+PLANTED_MAX_STEPS = 20_000
+
+
+def violations(
+    match: str | Callable[[str], bool], schedules: int = SCHEDULES, seed: int = 1
+) -> list[str]:
+    """The violations that `match` (a text in them, or a test) of the first
+    schedule that has any: one schedule shows that the check fires."""
+    matches = match if callable(match) else lambda violation: match in violation
     for schedule in range(schedules):
-        report = simulate.run_schedule(seed, schedule)
-        found.extend(v for v in report.violations if match in v)
-    return found
+        report = simulate.run_schedule(seed, schedule, max_steps=PLANTED_MAX_STEPS)
+        found = [v for v in report.violations if matches(v)]
+        if found:
+            return found
+    return []
 
 
-def test_the_checks_pass_the_code_as_it_is() -> None:
-    for schedule in range(SCHEDULES):
-        report = simulate.run_schedule(1, schedule)
-        assert report.violations == [], (schedule, report.violations[:3])
-        assert report.counts["ledger moves checked"] > 0
+@dataclass
+class CleanRun:
+    """What the schedules drew and found on the code as it is (run once)."""
+
+    violations: dict[int, list[str]] = field(default_factory=dict)
+    fired: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+    moves_checked: list[int] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def clean_run() -> Iterator[CleanRun]:
+    run = CleanRun()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "DispatchTables", _core_py.DispatchTables)
+        for schedule in range(SCHEDULES):
+            report = simulate.run_schedule(1, schedule)
+            run.violations[schedule] = report.violations
+            run.fired.update(report.fired)
+            run.counts.update(report.counts)
+            run.moves_checked.append(report.counts["ledger moves checked"])
+    yield run
+
+
+def test_the_checks_pass_the_code_as_it_is(clean_run: CleanRun) -> None:
+    assert {s: v[:3] for s, v in clean_run.violations.items() if v} == {}
+    assert all(clean_run.moves_checked), clean_run.moves_checked
 
 
 # -- the compensation ledger ---------------------------------------------------
@@ -96,8 +131,10 @@ def test_a_sweep_that_picks_the_before_send_side_for_a_sent_dispatch_is_caught(
         return real(txn, stack, which)
 
     monkeypatch.setattr(_core_py, "_run", run_before)
-    found = violations("compensation ledger")
-    assert any("lose_worker" in v or "shutdown" in v for v in found), found[:3]
+    found = violations(
+        lambda v: "compensation ledger" in v and ("lose_worker" in v or "shutdown" in v)
+    )
+    assert found
 
 
 def test_a_sweep_that_leaves_preparing_dispatches_is_caught(
@@ -112,11 +149,10 @@ def test_a_sweep_that_leaves_preparing_dispatches_is_caught(
     assert found and "PREPARING" in found[0]
 
 
-def test_the_schedules_draw_a_stop_signal_while_dispatches_are_preparing() -> None:
-    fired = 0
-    for schedule in range(SCHEDULES):
-        fired += simulate.run_schedule(1, schedule).fired["stop-signal-mid-dispatch"]
-    assert fired > 0
+def test_the_schedules_draw_a_stop_signal_while_dispatches_are_preparing(
+    clean_run: CleanRun,
+) -> None:
+    assert clean_run.fired["stop-signal-mid-dispatch"] > 0
 
 
 def test_the_ledger_passes_each_move_done_right() -> None:
@@ -219,10 +255,8 @@ def test_a_journal_that_keeps_its_handle_after_compaction_is_caught(
     assert found and "replays to another state" in found[0], found[:1]
 
 
-def test_the_schedules_draw_faults_on_the_journal_disks() -> None:
-    fired: Counter[str] = Counter()
-    for schedule in range(SCHEDULES):
-        fired.update(simulate.run_schedule(1, schedule).fired)
+def test_the_schedules_draw_faults_on_the_journal_disks(clean_run: CleanRun) -> None:
+    fired = clean_run.fired
     assert fired["journal-disk-eio"] and fired["journal-disk-short-write"], fired
 
 
@@ -311,14 +345,98 @@ def test_owner_effects_applied_by_a_peer_rolling_forward_are_caught(
     assert found and "whose commit is" in found[0], found[:1]
 
 
-def test_the_schedules_pause_a_coordinator_mid_commit_and_its_peer_rolls_forward() -> None:
-    counts: Counter[str] = Counter()
-    for schedule in range(SCHEDULES):
-        report = simulate.run_schedule(1, schedule)
-        counts.update(report.fired)
-        counts.update(report.counts)
-    assert counts["coordinator-paused-in-begin-commit"] and counts["coordinator-paused-in-complete"]
+def test_the_schedules_pause_a_coordinator_mid_commit_and_its_peer_rolls_forward(
+    clean_run: CleanRun,
+) -> None:
+    fired, counts = clean_run.fired, clean_run.counts
+    assert fired["coordinator-paused-in-begin-commit"] and fired["coordinator-paused-in-complete"]
     assert counts["rolled forward for a peer"] > 0, counts
+    # Some pauses end the moment the peer claims the paused item, so that the
+    # paused coordinator resumes with the peer's claim at the chain's head.
+    assert counts["pauses ended by a takeover"] > 0, counts
+
+
+def test_a_fence_that_takes_a_token_other_than_the_head_claims_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = claims.WorkStore.begin_commit
+
+    def commit_after_whatever_heads_the_chain(
+        self: Any, work_id: str, token: int, result: bytes
+    ) -> CommitOutcome:
+        outcome = real(self, work_id, token, result)
+        key = self._key(work_id)
+        chain = self._chain(key)
+        if outcome is not CommitOutcome.FENCED_OUT or chain[-1].change is not Change.CLAIM:
+            return outcome
+        # The planted bug: the commit goes after a peer's newer claim.
+        record = self._record(
+            key, len(chain) + 1, Change.COMMIT, token, self.owner,
+            object_id=self.objects.put(result), size=len(result),
+        )  # fmt: skip
+        published = self._publish(key, record, "begin_commit")
+        return CommitOutcome.COMMITTED if published.ours else outcome
+
+    monkeypatch.setattr(claims.WorkStore, "begin_commit", commit_after_whatever_heads_the_chain)
+    assert violations(lambda v: "cannot follow" in v or "other than the head claim's" in v)
+
+
+def test_a_claim_decided_from_an_absent_read_back_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = publication.SlotChains._link_publish
+
+    def link_publish(
+        self: Any, action: str, path: str, directory: str, data: bytes, nonce: str, read: Any
+    ) -> Any:
+        def read_taking_absent_for_ours() -> Any:
+            try:
+                return read()
+            except FileNotFoundError:  # the planted bug: the slot must hold what we wrote
+                if "/items/" not in path:
+                    return nonce
+                key, slot = path.split("/")[-2], int(path.rsplit(".", 1)[1])
+                return Record.decode(data, path, key, slot)
+
+        return real(self, action, path, directory, data, nonce, read_taking_absent_for_ours)
+
+    monkeypatch.setattr(publication.SlotChains, "_link_publish", link_publish)
+    found = violations("acted on its claim")
+    assert found and "but slot" in found[0], found[:1]
+
+
+def test_incarnations_taken_out_of_order_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = claims.WorkStore.register
+
+    def register_not_made_durable(self: Any, coordinator_id: str) -> int:
+        fs, fsync_dir = self._fs, type(self._fs).fsync_dir
+        fs.fsync_dir = lambda d: None if d == self._incarnations else fsync_dir(fs, d)
+        try:
+            return real(self, coordinator_id)
+        finally:
+            del fs.fsync_dir
+
+    monkeypatch.setattr(claims.WorkStore, "register", register_not_made_durable)
+    found = violations("incarnations out of order")
+    assert found and "started as incarnation" in found[0], found[:1]
+
+
+def test_a_real_miss_is_cached_for_its_path_only() -> None:
+    faults = RandomDiskFaults(random.Random(0), 0.0, absent_repeats=2, miss_cached=1.0)
+    fs = SimulatedFS(fault=faults)
+    fs.on_miss = faults.cache_miss
+    fs.mkdir("/d")
+    assert not fs.exists("/d/a")  # a real miss, cached
+    temp = fs.write_temp("/d", b"x")
+    fs.link(temp, "/d/a")  # a peer creates it
+    assert fs.read(temp) == b"x"  # another path: not cached
+    with pytest.raises(FileNotFoundError):
+        fs.read("/d/a")
+    assert not fs.exists("/d/a")  # still cached "absent"
+    with pytest.raises(FileExistsError):
+        fs.link(temp, "/d/a")  # while a link onto it meets it
+    assert fs.read("/d/a") == b"x"  # the cache entry expired
+    assert faults.fired["disk-stale-absent"] == 2
 
 
 def test_a_sticky_stale_absent_repeats_for_its_path_only() -> None:

@@ -259,7 +259,10 @@ class RandomDiskFaults:
     A stale "absent" sticks, as a client's cached negative look-up does
     until it expires: after one, the next `absent_repeats` reads or exists
     checks of that path say "absent" too (so a read-back right after a
-    failed look-up meets it again)."""
+    failed look-up meets it again). `cache_miss` (a `SimulatedFS.on_miss`)
+    caches a real miss the same way, with probability `miss_cached`: a file
+    a peer creates just after stays invisible for those look-ups, while
+    `link` onto it fails with EEXIST."""
 
     def __init__(
         self,
@@ -268,13 +271,24 @@ class RandomDiskFaults:
         faults: Mapping[Op, tuple[FaultKind, ...]] | None = None,
         *,
         absent_repeats: int = 0,
+        miss_cached: float = 0.0,
     ) -> None:
         self._rng = rng
         self.rate = rate
         self.faults = DISK_FAULTS if faults is None else faults
         self.absent_repeats = absent_repeats
+        self.miss_cached = miss_cached
         self._absent: dict[str, int] = {}  # path -> look-ups still cached absent
         self.fired: Counter[str] = Counter()
+
+    def cache_miss(self, path: str) -> None:
+        if (
+            self.absent_repeats
+            and self.miss_cached
+            and path not in self._absent
+            and self._rng.random() < self.miss_cached
+        ):
+            self._absent[path] = self.absent_repeats
 
     def __call__(self, op: Op, path: str) -> Fault | None:
         if self._absent and (op is Op.READ or op is Op.EXISTS) and path in self._absent:

@@ -10,6 +10,7 @@ import errno
 import posixpath
 import random
 from collections import Counter
+from collections.abc import Callable
 from enum import Enum, StrEnum
 from typing import (
     Any,
@@ -264,8 +265,10 @@ class SimulatedFS(_FaultPoints):
     fsyncs the parents). `crash("process")` keeps the volatile image;
     `crash("power")` replaces it by the durable one.
 
-    Faults: set `fault` to a `FaultHook` (e.g. a `DiskFaultPlan`). Deterministic
-    for a given `seed` (temp names, torn tails). Not thread-safe.
+    Faults: set `fault` to a `FaultHook` (e.g. a `DiskFaultPlan`). `on_miss`,
+    if set, is told each path a `read` or `exists` really found absent (a
+    client's negative look-up cache learns from those). Deterministic for a
+    given `seed` (temp names, torn tails). Not thread-safe.
     """
 
     def __init__(self, *, seed: int = 0, fault: FaultHook | None = None) -> None:
@@ -273,6 +276,7 @@ class SimulatedFS(_FaultPoints):
         self._rng = random.Random(seed)
         self._root = _Dir()
         self.crashes: Counter[CrashKind] = Counter()
+        self.on_miss: Callable[[str], None] | None = None
 
     # -- resolving paths (in the volatile image unless `durable`) ---------
 
@@ -336,7 +340,12 @@ class SimulatedFS(_FaultPoints):
         with self._after(fault, Op.READ, path):
             if _is(fault, FaultKind.STALE_ABSENT):
                 raise _error(errno.ENOENT, path)
-            return bytes(self._file(path).data)
+            try:
+                return bytes(self._file(path).data)
+            except FileNotFoundError:
+                if self.on_miss is not None:
+                    self.on_miss(path)
+                raise
 
     def write_temp(self, directory: str, data: bytes) -> str:
         fault = self._begin(Op.WRITE_TEMP, directory)
@@ -435,7 +444,11 @@ class SimulatedFS(_FaultPoints):
                 return False
             try:
                 self._node(path)
-            except (FileNotFoundError, NotADirectoryError):
+            except FileNotFoundError:
+                if self.on_miss is not None:
+                    self.on_miss(path)
+                return False
+            except NotADirectoryError:
                 return False
             return True
 

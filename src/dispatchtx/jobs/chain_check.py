@@ -77,13 +77,13 @@ class RecordingStore(WorkStore):
         self,
         *args: Any,
         beliefs: list[Belief],
-        before_call: Callable[[str], None] | None = None,
+        before_call: Callable[[str, str], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.beliefs = beliefs
-        # Called with "begin_commit" or "complete" as either starts (the
-        # simulator pauses a coordinator there).
+        # Called with "begin_commit" or "complete" and the work id as either
+        # starts (the simulator pauses a coordinator there).
         self.before_call = before_call
         self._held: list[Belief] | None = None
 
@@ -104,7 +104,7 @@ class RecordingStore(WorkStore):
 
     def begin_commit(self, work_id: str, token: int, result: bytes) -> CommitOutcome:
         if self.before_call is not None:
-            self.before_call("begin_commit")
+            self.before_call("begin_commit", work_id)
         outcome = super().begin_commit(work_id, token, result)
         if outcome is CommitOutcome.COMMITTED:
             self._note("commit", work_id, token)
@@ -112,7 +112,7 @@ class RecordingStore(WorkStore):
 
     def complete(self, work_id: str, token: int) -> CompleteOutcome:
         if self.before_call is not None:
-            self.before_call("complete")
+            self.before_call("complete", work_id)
         return super().complete(work_id, token)
 
     @contextlib.contextmanager

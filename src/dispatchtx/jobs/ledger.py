@@ -35,6 +35,7 @@ __all__ = ["CompensationLedger", "LedgerTables"]
 
 T = TypeVar("T")
 A = TypeVar("A")
+R = TypeVar("R")
 
 PREPARING, ACTIVE, COMMITTING = "PREPARING", "ACTIVE", "COMMITTING"
 SIDES = (Side.BEFORE_SEND, Side.AFTER_SEND, Side.ON_COMMIT)
@@ -172,14 +173,10 @@ class _Boundary(Generic[T]):
         assert self._id is not None
         dispatch_id = self._id
         tables = self._tables
-        return cast(
-            Literal[False],
-            tables._checked(
-                "boundary exit",
-                [dispatch_id],
-                lambda: self._inner.__exit__(exc_type, exc, tb),
-            ),
+        tables._checked(
+            "boundary exit", [dispatch_id], lambda: self._inner.__exit__(exc_type, exc, tb)
         )
+        return False  # the core's boundary never swallows an exception
 
 
 class LedgerTables(Generic[T]):
@@ -241,7 +238,7 @@ class LedgerTables(Generic[T]):
             self._handles[txn.id] = handle
         return cast(Transaction[T], handle)
 
-    def _checked(self, move: str, dispatch_ids: list[int], call: Callable[[], Any]) -> Any:
+    def _checked(self, move: str, dispatch_ids: list[int], call: Callable[[], R]) -> R:
         """Run one move; then compare what ran with what the ledger expects
         for each of `dispatch_ids` that left the tables (newest first)."""
         ledger = self.ledger
@@ -273,7 +270,7 @@ class LedgerTables(Generic[T]):
         ledger.compare(f"{move} of {sorted(dispatch_ids, reverse=True)[:6]}", start, expected)
 
     def _sweep(self, move: str, victims: list[int], call: Callable[[], Failures]) -> Failures:
-        failures = cast(Failures, self._checked(move, victims, call))
+        failures = self._checked(move, victims, call)
         for dispatch_id in victims:
             if self._tables.get(dispatch_id) is not None:
                 phase = self._tables.phase_of(dispatch_id)
@@ -302,23 +299,15 @@ class LedgerTables(Generic[T]):
         return self._wrap(txn)
 
     def abort(self, dispatch_id: int) -> Failures:
-        return cast(
-            Failures, self._checked("abort", [dispatch_id], lambda: self._tables.abort(dispatch_id))
-        )
+        return self._checked("abort", [dispatch_id], lambda: self._tables.abort(dispatch_id))
 
     def fenced_out(self, dispatch_id: int) -> Failures:
-        return cast(
-            Failures,
-            self._checked(
-                "fenced_out", [dispatch_id], lambda: self._tables.fenced_out(dispatch_id)
-            ),
+        return self._checked(
+            "fenced_out", [dispatch_id], lambda: self._tables.fenced_out(dispatch_id)
         )
 
     def finished(self, dispatch_id: int) -> Failures:
-        return cast(
-            Failures,
-            self._checked("finished", [dispatch_id], lambda: self._tables.finished(dispatch_id)),
-        )
+        return self._checked("finished", [dispatch_id], lambda: self._tables.finished(dispatch_id))
 
     def _open_ids(self, worker: int | None) -> list[int]:
         return [

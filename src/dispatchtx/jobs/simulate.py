@@ -90,21 +90,31 @@ class StopSignal(BaseException):
     ends. The sweep then meets dispatches that are still PREPARING."""
 
 
+def _drawn_apart(seed: int, schedule: int, what: str) -> random.Random:
+    """A generator of its own for one draw of a schedule: a draw added later
+    leaves the schedule's other draws as they were."""
+    return random.Random(f"{seed}:{schedule}:{what}")
+
+
 def _stop_signal_step(seed: int, schedule: int) -> int | None:
     """The step at which a stop signal arrives in this schedule, if any;
     drawn apart so that the other draws stay as they were."""
-    rng = random.Random(f"{seed}:{schedule}:stop-signal")
+    rng = _drawn_apart(seed, schedule, "stop-signal")
     return rng.randint(1, 400) if rng.random() < 0.25 else None
 
 
 @dataclass
 class Stall:
     """Where coord-0 of a two-coordinator schedule is paused: inside its
-    `nth` store call `call`, while its peer's clock runs `seconds` on."""
+    `nth` store call `call`, while its peer's clock runs `seconds` on. With
+    `until_taken_over`, the pause ends as soon as the peer claims the paused
+    item: coord-0 then resumes with the peer's claim at the chain's head, not
+    a finished item (the fence's hardest case)."""
 
     call: str  # "begin_commit" or "complete"
     nth: int
     seconds: float
+    until_taken_over: bool = False
     calls: int = 0
     peer_crashed: bool = False
 
@@ -112,12 +122,11 @@ class Stall:
 def _stall_draw(seed: int, schedule: int, n_hosts: int) -> Stall | None:
     """Half the two-coordinator schedules pause coord-0 once; drawn apart so
     that the other draws stay as they were."""
-    rng = random.Random(f"{seed}:{schedule}:stall")
+    rng = _drawn_apart(seed, schedule, "stall")
     if n_hosts < 2 or rng.random() >= 0.5:
         return None
-    return Stall(
-        rng.choice(("begin_commit", "complete")), rng.randint(1, 4), rng.choice((1.0, 3.0, 10.0))
-    )
+    call = rng.choice(("begin_commit", "complete"))
+    return Stall(call, rng.randint(1, 4), rng.choice((1.0, 3.0, 10.0)), rng.random() < 0.5)
 
 
 @dataclass
@@ -173,22 +182,29 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         # Half with group commit (store batches of 2, 3 or any size); drawn
         # apart so that the other draws, and thus the schedules of earlier
         # runs, stay as they were.
-        "commit_batch": _commit_batch(random.Random(f"{seed}:{schedule}:group")),
+        "commit_batch": _commit_batch(_drawn_apart(seed, schedule, "group")),
     }
     fuzzing = shape["workload"] == "fuzz"
     report = ScheduleReport(seed, schedule, shape)
     # A stale "absent" sticks for a few look-ups of its path, as a cached
     # negative look-up does (drawn apart so that the other draws stay).
-    shape["absent_repeats"] = random.Random(f"{seed}:{schedule}:absent").choice((0, 2, 4))
+    absent_rng = _drawn_apart(seed, schedule, "absent")
+    shape["absent_repeats"] = absent_rng.choice((0, 2, 4))
+    # A real miss is cached as well, with this probability: a peer's new slot
+    # stays unseen while a link onto it fails with EEXIST (the claim race a
+    # read-back must not decide).
+    shape["miss_cached"] = absent_rng.choice((0.0, 0.1, 0.5))
     disk_faults = RandomDiskFaults(
         random.Random(rng.random()),
         shape["disk_fault_rate"],
         absent_repeats=shape["absent_repeats"],
+        miss_cached=shape["miss_cached"],
     )
     fs = SimulatedFS(seed=rng.randrange(2**32), fault=disk_faults)
+    fs.on_miss = disk_faults.cache_miss
     # The coordinators' own disks fail apart, journal calls included (drawn
     # apart so that the other draws stay as they were).
-    journal_rng = random.Random(f"{seed}:{schedule}:journal-disk")
+    journal_rng = _drawn_apart(seed, schedule, "journal-disk")
     shape["journal_disk_fault_rate"] = journal_rng.choice((0.0, 0.01, 0.03))
     journal_faults = RandomDiskFaults(
         journal_rng, shape["journal_disk_fault_rate"], JOURNAL_DISK_FAULTS
@@ -232,7 +248,12 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
 
     kills_left = shape["kills"]
     stall = _stall_draw(seed, schedule, n_hosts)
-    shape["stall"] = None if stall is None else f"{stall.call} #{stall.nth}, {stall.seconds} s"
+    shape["stall"] = (
+        None
+        if stall is None
+        else f"{stall.call} #{stall.nth}, {stall.seconds} s"
+        + (", until taken over" if stall.until_taken_over else "")
+    )
     beliefs: list[Belief] = []  # every claim won and commit made, once durable
     journal_policy = rng.choice(list(FsyncPolicy))
     shape["journal_policy"] = journal_policy.value
@@ -382,7 +403,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             return False
         return True
 
-    def pause(call: str) -> None:
+    def pause(call: str, work_id: str) -> None:
         """coord-0 stops inside a store call (SIGSTOP, a long GC pause, a
         swapped-out VM) while coord-1 runs on: coord-0's claims expire and
         are taken over, its committed items are rolled forward by the peer;
@@ -392,6 +413,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
         assert stall is not None
         report.fired[f"coordinator-paused-in-{call.replace('_', '-')}"] += 1
         started = peer.transport.now()
+        seen = len(beliefs)
         for _ in range(MAX_PAUSE_STEPS):
             if peer.transport.now() - started >= stall.seconds:
                 return
@@ -400,12 +422,19 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             if not step_host(peer, while_peer_paused=True):
                 stall.peer_crashed = True  # the schedule ends after this step
                 return
+            if stall.until_taken_over and any(
+                b.kind == "claim" and b.work_id == work_id and b.owner.coordinator == peer.name
+                for b in beliefs[seen:]
+            ):
+                report.counts["pauses ended by a takeover"] += 1
+                return
+            seen = len(beliefs)
 
-    def before_store_call(call: str) -> None:
+    def before_store_call(call: str, work_id: str) -> None:
         if stall is not None and call == stall.call and stall.calls < stall.nth:
             stall.calls += 1
             if stall.calls == stall.nth:
-                pause(call)
+                pause(call, work_id)
 
     for host in hosts:
         start(host)
@@ -463,7 +492,7 @@ def run_schedule(seed: int, schedule: int, *, max_steps: int = 200_000) -> Sched
             report.counts["ledger moves checked"] += moves.moves_checked
 
     # What must hold after the run, re-derived from the store and the ledger.
-    fs.fault = None
+    fs.fault = fs.on_miss = None
     store = WorkStore(fs, ROOT, hosts[0].clock, ttl=ttl, retry_pause=lambda seconds: None)
     report.violations.extend(check_chains(store, beliefs, owner_effects))
     states = store.survey().states  # an unreadable item is a violation, reported above
