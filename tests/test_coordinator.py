@@ -16,6 +16,7 @@ import pytest
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig, DispatchTag, Stat
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.coordinator.queue import QueueState
+from dispatchtx.coordinator.recovery import ORPHAN_LOOKS
 from dispatchtx.fs import (
     DiskFaultPlan,
     Fault,
@@ -605,3 +606,66 @@ def test_orphans_are_looked_for_only_for_a_workload_that_adopts() -> None:
     assert peer.adopt_orphans() is False
     assert surveys == 1
     peer.shutdown()
+
+
+class AcceptingHashWorkload(HashWorkload):
+    """Adopts every unsettled item it is offered (into its own queue)."""
+
+    def __init__(self, items: int) -> None:
+        super().__init__(items)
+        self.offered: list[str] = []
+
+    def adopt(self, work_id: str) -> bool:
+        self.offered.append(work_id)
+        return work_id not in self.items
+
+
+def test_an_orphan_whose_first_record_is_not_seen_yet_is_looked_at_again() -> None:
+    world = make_world(items=2)
+    peer_store = world.store()
+    peer_store.register("coord-b")
+    assert peer_store.claim("orphan") is not None  # a peer's claim; the peer is gone
+    first_record = f"{ROOT}/items/{item_key('orphan')}/s.0000000000"
+    misses = 3
+    read = world.fs.read
+
+    def cached_miss(path: str) -> bytes:
+        nonlocal misses
+        if path == first_record and misses:
+            misses -= 1  # a negative look-up cached from before it landed
+            raise FileNotFoundError(path)
+        return read(path)
+
+    world.fs.read = cached_miss  # type: ignore[method-assign]
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    for _ in range(3):
+        assert coordinator.adopt_orphans() is True  # not seen yet: look again
+        assert adopting.offered == []
+    assert coordinator.adopt_orphans() is True  # seen now, and adopted
+    assert adopting.offered == ["orphan"]
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 0
+    coordinator.shutdown()
+
+
+def test_a_directory_whose_first_record_never_landed_is_given_up_after_its_looks() -> None:
+    world = make_world(items=2)
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    while not coordinator.idle:
+        coordinator.step()
+    # Its creator died between the directory and its first record.
+    world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
+    started = world.transport.now()
+    looks = 0
+    while coordinator.adopt_orphans():
+        looks += 1
+        assert looks < 10_000, "an unreadable directory kept the run going"
+        coordinator.step()  # time passes (the idle poll)
+    assert looks >= ORPHAN_LOOKS - 1
+    assert world.transport.now() - started >= coordinator.store.ttl + coordinator.store.margin
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
+    assert adopting.offered == []
+    assert coordinator.adopt_orphans() is False  # given up once, not counted again
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
+    coordinator.shutdown()

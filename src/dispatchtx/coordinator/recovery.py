@@ -21,6 +21,10 @@ __all__ = ["Committed", "Recovery"]
 
 log = logging.getLogger("dispatchtx.coordinator")
 
+# How many looks (over at least the store's ttl + margin) an item the survey
+# cannot read yet gets before `adopt_orphans` gives it up.
+ORPHAN_LOOKS = 8
+
 
 @dataclass(frozen=True, slots=True)
 class Committed:
@@ -41,6 +45,7 @@ class Recovery:
     stats: CoordinatorStats
     dispatch_log: DispatchLog | None
     _full_look_due: bool
+    _orphan_looks: dict[str, tuple[float, int]]  # key -> (first look, looks; -1: given up)
 
     if TYPE_CHECKING:
 
@@ -120,17 +125,50 @@ class Recovery:
         some such item, so the caller keeps stepping; a store error (a disk
         fault) is True too: look again.
 
+        An item the survey could not read for now (its first record not seen,
+        which a cached negative look-up can cause, or an I/O error) is looked
+        at again: True until it has been so for `ORPHAN_LOOKS` looks and for
+        the store's `ttl + margin`; then it is given up (counted and logged
+        once), so that a directory whose first record never landed, or an
+        item no one can read, does not keep the run going forever.
+
         A workload that keeps `Workload.adopt` (adopt nothing) is not
         offered anything: the survey reads every item in the store."""
         if getattr(type(self.workload), "adopt", None) is Workload.adopt:
             return False
         finished = (ItemStatus.DONE, ItemStatus.QUARANTINED)
         try:
-            # survey(): an item no one can read is no orphan to finish (the
-            # audit reports it), and must not keep the run going forever.
-            states = self.store.survey().states
-            unsettled = [s.work_id for s in states if s.status not in finished]
+            survey = self.store.survey()
+            unsettled = [s.work_id for s in survey.states if s.status not in finished]
             adopted = [self.workload.adopt(work_id) for work_id in unsettled]
         except (StoreError, OSError):
             return True
-        return any(adopted)
+        return any(adopted) | self._looking_again(survey.look_again)
+
+    def _looking_again(self, keys: list[str]) -> bool:
+        """Follow the keys a survey could not read yet; True while any of
+        them is still worth another look."""
+        now = self.transport.now()
+        watched = self._orphan_looks
+        for key in [key for key in watched if key not in keys]:
+            del watched[key]  # read since (or gone)
+        waiting = False
+        settle = self.store.ttl + self.store.margin
+        for key in keys:
+            since, looks = watched.get(key, (now, 0))
+            if looks < 0:
+                continue  # given up already
+            looks += 1
+            if looks < ORPHAN_LOOKS or now - since < settle:
+                watched[key] = (since, looks)
+                waiting = True
+                continue
+            watched[key] = (since, -1)
+            self.stats.counts[Stat.ORPHAN_LOOKS_GIVEN_UP] += 1
+            log.warning(
+                "item %s could not be read in %d looks over %.1f s; not adopted",
+                key,
+                looks,
+                now - since,
+            )
+        return waiting

@@ -462,15 +462,20 @@ class WorkStore(SlotChains):
         listed apart, by key, with the reason (for audits and reports)."""
         states = []
         unreadable: dict[str, str] = {}
+        look_again: list[str] = []
         for key in self._item_keys():
             try:
                 work_id = self._work_id_of(key)
                 if work_id is None:
+                    look_again.append(key)  # no first record seen: nothing claimed, or not yet
                     continue
                 states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
-            except (CorruptRecord, StoreIOError) as error:
+            except StoreIOError as error:
                 unreadable[key] = str(error)
-        return Survey(states, unreadable)
+                look_again.append(key)
+            except CorruptRecord as error:
+                unreadable[key] = str(error)
+        return Survey(states, unreadable, look_again)
 
     def items_by_status(self) -> dict[ItemStatus, list[ItemState]]:
         """`items()` grouped by status (every status is a key)."""

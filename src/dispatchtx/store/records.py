@@ -11,7 +11,7 @@ import itertools
 import json
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
@@ -470,10 +470,17 @@ class SetAside:
 @dataclass(frozen=True, slots=True)
 class Survey:
     """Every item of the store: the states that could be read, and the keys
-    (with the reason) of those that could not."""
+    (with the reason) of those that could not.
+
+    `look_again` holds the keys that may be an item not readable yet: a
+    directory whose first record was not seen (not landed yet, or a cached
+    negative look-up of it on a network filesystem), or one whose read failed
+    with an I/O error (also in `unreadable`). A directory whose creator died
+    before its first record landed stays there for good."""
 
     states: list[ItemState]
     unreadable: dict[str, str]
+    look_again: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
