@@ -148,19 +148,42 @@ def test_targets_are_judged_from_the_figures() -> None:
             "rows": [
                 {"workers": 64, "ratio_to_first": 1.0},
                 {"workers": 65_536, "ratio_to_first": 1.3},
-            ]
+            ],
+            "real_fs_row": {"workers": 64, "us_per_item": {"median": 55.0}},
         },
         "mpi": {
             "rows": [
-                {"dispatchtx_over_raw": 0.95, "dispatchtx_over_futures": 6.0},
-                {"dispatchtx_over_raw": None, "dispatchtx_over_futures": 4.0},
+                {
+                    "max_in_flight": 1,
+                    "dispatchtx_over_raw": 0.95,
+                    "dispatchtx_over_raw_best": 0.6,
+                    "dispatchtx_over_futures": 2.0,  # not judged: depth 1
+                },
+                {
+                    "max_in_flight": 4,
+                    "dispatchtx_over_raw": None,
+                    "dispatchtx_over_raw_best": 0.4,
+                    "dispatchtx_over_futures": 6.0,
+                },
             ]
         },
-        "durable": {"fraction_of_bound": 0.6},
+        "durable": {
+            "fraction_of_bound": 0.6,
+            "batching": {
+                "max_in_flight": 4,
+                "tmpfs": {"median": 1000.0},
+                "default_fsyncs_per_item": 1.5,
+                "default_over_tmpfs": 0.7,
+            },
+        },
     }
-    verdicts = [target["met"] for target in bench.targets(figures)]
-    #        3x    1 us  512 B  scaling raw   futures outright durable
-    assert verdicts == [True, True, False, False, False, False, False, True]
+    found = bench.targets(figures)
+    verdicts = [target["met"] for target in found]
+    # 3x, 1 us, 512 B, scaling, 60 us on tmpfs; raw (one cell unknown),
+    # futures at depth 4, raw at its best; durable bound, 1 fsync, tmpfs.
+    assert verdicts == [True, True, False, False, True, False, True, False, True, False, True]
+    assert "depth 4" in found[6]["target"]
+    assert found[9]["measured"] == "1.5"
 
 
 def test_a_tiny_run_prints_its_table_and_its_json_is_plain(

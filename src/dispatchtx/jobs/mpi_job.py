@@ -40,7 +40,7 @@ from dispatchtx.jobs.arguments import (
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import StoreError, WorkStore
-from dispatchtx.transport import MPITransport, Work, run_worker
+from dispatchtx.transport import DEFAULT_SPIN, MPITransport, Work, run_worker
 
 __all__ = ["main", "parse_faults"]
 
@@ -144,6 +144,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="claim, and fence, up to this many items of one pass in one store batch",
     )
+    parser.add_argument(
+        "--spin",
+        type=float_between(0.0, 1.0),
+        default=DEFAULT_SPIN,
+        help="seconds every rank yields between polls after its last message, "
+        "before it backs off from 1 us to 1 ms",
+    )
     args = parser.parse_args(argv)
     ranks = _world_size()
     if args.hang_rank and ranks is not None and args.hang_rank >= ranks:
@@ -160,7 +167,7 @@ def _world_size() -> int | None:
 
 
 def _coordinator(comm: Any, args: argparse.Namespace) -> int:
-    transport = MPITransport(comm, send_timeout=max(1.0, args.deadline))
+    transport = MPITransport(comm, send_timeout=max(1.0, args.deadline), spin=args.spin)
     fs: FS = RealFS() if args.fs == "real" else SimulatedFS()
     disk_faults = RandomDiskFaults(random.Random(args.seed), args.disk_fault_rate)
     if args.disk_fault_rate > 0:
@@ -366,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks += 1
         return bool(rank == args.hang_rank and tasks > args.hang_after)
 
-    run_worker(comm, fuzz_task if args.workload == "fuzz" else hash_task, hang_when=hang_when)
+    task = fuzz_task if args.workload == "fuzz" else hash_task
+    run_worker(comm, task, hang_when=hang_when, spin=args.spin)
     # Tells rank 0 this worker stopped (a nonblocking barrier matches only
     # its own kind: rank 0 waits in one, see _workers_stopped).
     _workers_stopped(comm, grace=float("inf"))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-from dispatchtx.transport.interface import DEFAULT_RESULT_TAG, SendHandle, _Backoff
+from dispatchtx.transport.interface import DEFAULT_RESULT_TAG, Backoff, SendHandle
 from dispatchtx.transport.messages import SendFailed, SendTimeout, Work
 from dispatchtx.transport.mpi import MPITransport
 from dispatchtx.transport.worker import run_worker
@@ -199,7 +199,7 @@ def _selftest_coordinator(comm: MPI.Comm, args: argparse.Namespace) -> int:
     summaries: dict[int, dict[str, Any]] = {}
     status = MPI.Status()
     summary_deadline = time.monotonic() + 10.0
-    backoff = _Backoff()
+    backoff = Backoff()
     while len(summaries) < n_workers - len(lost) and time.monotonic() < summary_deadline:
         summary = comm.improbe(MPI.ANY_SOURCE, _SUMMARY_TAG, status)
         if summary is None:

@@ -23,10 +23,12 @@ from __future__ import annotations
 from dispatchtx.transport.interface import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RESULT_TAG,
+    DEFAULT_SPIN,
     DEFAULT_STOP_TAG,
     DEFAULT_WORK_TAG,
     MAX_BACKOFF,
     MIN_BACKOFF,
+    Backoff,
     SendHandle,
     Transport,
 )
@@ -69,6 +71,8 @@ __all__ = [
     "DEFAULT_RESULT_TAG",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
+    "Backoff",
+    "DEFAULT_SPIN",
     "MAX_BACKOFF",
     "MIN_BACKOFF",
     "MPITransport",

@@ -5,6 +5,7 @@ tags of the three messages, and the bounded back-off of every poll.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
@@ -16,10 +17,12 @@ from dispatchtx.transport.messages import Result, SendFailed, Work
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_RESULT_TAG",
+    "DEFAULT_SPIN",
     "DEFAULT_STOP_TAG",
     "DEFAULT_WORK_TAG",
     "MAX_BACKOFF",
     "MIN_BACKOFF",
+    "Backoff",
     "SendHandle",
     "Transport",
 ]
@@ -36,6 +39,11 @@ DEFAULT_MAX_RESULT_BYTES: Final = 256 * 1024 * 1024
 # whole core, and with more ranks than cores it starves the ranks that work.
 MIN_BACKOFF: Final = 1e-6
 MAX_BACKOFF: Final = 1e-3
+# For this long after its last message a rank only yields between polls: a
+# reply to what it just sent is seen within microseconds, not after a sleep
+# that the kernel rounds up to ~60 us and longer. Short enough that a rank
+# idle for good soon sleeps.
+DEFAULT_SPIN: Final = 5e-4
 
 
 # --------------------------------------------------------------------------
@@ -108,17 +116,32 @@ def _check_timeout(timeout: float) -> None:
         raise ValueError(f"timeout must be finite and >= 0, not {timeout!r}")
 
 
-class _Backoff:
-    """Sleeps between empty polls: 1 us, doubling up to 1 ms; reset on work."""
+class Backoff:
+    """How a polling loop waits between empty polls. For `spin` seconds
+    after the last message (`reset()`, or its creation) it only yields the
+    CPU (`os.sched_yield`: a runnable rank on an oversubscribed machine still
+    gets the core); then it sleeps MIN_BACKOFF, doubling up to MAX_BACKOFF,
+    so an idle rank burns no core. `spin=0` backs off at once;
+    `spin=math.inf` never sleeps."""
 
-    __slots__ = ("delay",)
+    __slots__ = ("spin", "delay", "_spin_until")
 
-    def __init__(self) -> None:
+    def __init__(self, spin: float = DEFAULT_SPIN) -> None:
+        if not spin >= 0.0:  # NaN too
+            raise ValueError(f"spin must be >= 0 seconds, not {spin!r}")
+        self.spin = spin
         self.delay = 0.0
+        self._spin_until = time.monotonic() + spin
 
     def reset(self) -> None:
+        """A message arrived: spin again."""
         self.delay = 0.0
+        self._spin_until = time.monotonic() + self.spin
 
     def sleep(self, limit: float = MAX_BACKOFF) -> None:
+        """Wait before the next poll, at most `limit` seconds."""
+        if not self.delay and time.monotonic() < self._spin_until:
+            os.sched_yield()
+            return
         self.delay = min(MAX_BACKOFF, self.delay * 2.0 or MIN_BACKOFF)
         time.sleep(min(self.delay, limit))

@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 
 from dispatchtx.transport.interface import (
     DEFAULT_RESULT_TAG,
+    DEFAULT_SPIN,
     DEFAULT_STOP_TAG,
     DEFAULT_WORK_TAG,
-    _Backoff,
+    Backoff,
 )
 from dispatchtx.transport.messages import (
     MalformedMessage,
@@ -141,6 +142,7 @@ def run_worker(
     coordinator: int = 0,
     hang_when: Callable[[Work], bool] | None = None,
     hang: Callable[[], None] = stop_this_process,
+    spin: float = DEFAULT_SPIN,
 ) -> WorkerSummary:
     """The loop of a worker rank: receive Work, keep its object cache, run
     `task_fn(work, objects) -> bytes`, answer with a Result; return on Stop
@@ -152,7 +154,9 @@ def run_worker(
     the coordinator's deadline finds it). Fault hook: when `hang_when(work)`
     is true the worker calls `hang()` before running that work, by default
     SIGSTOP on itself: under MPICH a worker that dies after talking takes the
-    job down, so a lost worker in real runs is a hung one (docs/design.md)."""
+    job down, so a lost worker in real runs is a hung one (docs/design.md).
+    Between empty polls it yields for `spin` seconds after its last message,
+    then backs off from 1 us to 1 ms (`Backoff`)."""
     from mpi4py import MPI
 
     started_wall, started_cpu = time.monotonic(), time.process_time()
@@ -160,7 +164,7 @@ def run_worker(
     status = MPI.Status()
     rank = comm.Get_rank()
     outgoing: list[tuple[MPI.Request, bytes]] = []
-    backoff = _Backoff()
+    backoff = Backoff(spin)
     tasks_run = task_errors = malformed = 0
     while True:
         if outgoing:

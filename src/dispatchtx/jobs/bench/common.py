@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -118,3 +119,37 @@ def _mpiexec_or_none() -> str | None:
         return find_mpiexec()
     except RuntimeError:
         return None
+
+
+# ---------------------------------------------------------------------------
+# Where a store lives in memory
+# ---------------------------------------------------------------------------
+
+
+def filesystem_of(path: str) -> str:
+    """'type on device' of the mount holding `path`, from /proc/mounts."""
+    real = os.path.realpath(path)
+    best = ("", "unknown")
+    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            device, mount_point, kind = fields[0], fields[1], fields[2]
+            inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best[0]):
+                best = (mount_point, f"{kind} on {device}")
+    return best[1]
+
+
+def memory_directory(fallback: str) -> tuple[str, str]:
+    """A new directory for a store in memory, as a user would put one: under
+    /dev/shm where it is a writable tmpfs, else under `fallback`. Returns the
+    directory and its filesystem ("tmpfs on tmpfs"); the caller removes it."""
+    parent = "/dev/shm"
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        parent = fallback
+    if not filesystem_of(parent).startswith("tmpfs "):
+        parent = fallback
+    path = tempfile.mkdtemp(prefix="dispatchtx-bench.", dir=parent)
+    return path, filesystem_of(path)

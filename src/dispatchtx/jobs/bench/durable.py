@@ -13,6 +13,7 @@ from typing import Any, Final
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import RealClock
+from dispatchtx.jobs.bench.common import filesystem_of
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.mpi import JobRunner, _rates
 from dispatchtx.jobs.bench.scaling import SCALING_TTL
@@ -25,7 +26,7 @@ from dispatchtx.jobs.bench.store_counting import (
     repeated,
     summary,
 )
-from dispatchtx.jobs.bench.store_figures import filesystem_of, fsync_latencies
+from dispatchtx.jobs.bench.store_figures import fsync_latencies
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import WorkStore
 from dispatchtx.transport import SimulatedTransport
@@ -62,7 +63,11 @@ def durable_counts(
 
 
 def durable_run(
-    config: BenchConfig, runner: JobRunner, base: str, progress: Callable[[str], None]
+    config: BenchConfig,
+    runner: JobRunner,
+    base: str,
+    progress: Callable[[str], None],
+    memory_dir: str | None = None,
 ) -> dict[str, Any]:
     ranks, items, reps = config.durable_ranks, config.durable_items, config.durable_repetitions
     workers = ranks - 1
@@ -95,7 +100,7 @@ def durable_run(
         if error is not None:
             errors.append(error)
     mpi = _rates(samples, errors)
-    batching = durable_batching(config, runner, base, counter, progress)
+    batching = durable_batching(config, runner, base, counter, progress, memory_dir)
     return {
         "ranks": ranks,
         "max_in_flight": 1,
@@ -138,10 +143,13 @@ def durable_batching(
     base: str,
     counter: Iterator[int],
     progress: Callable[[str], None],
+    memory_dir: str | None = None,
 ) -> dict[str, Any]:
     """How group commit moves the durable path: mpi_job --fs real at
     `max_in_flight` BATCHING_DEPTH, batches on and off, in the same run;
-    fsyncs per item counted in process for both."""
+    fsyncs per item counted in process for both. With `memory_dir`, the
+    same job with the default settings and its store on tmpfs, for the
+    durable path's distance to it."""
     ranks, items, reps = config.durable_ranks, config.durable_items, config.durable_repetitions
     workers = ranks - 1
     rows: dict[str, Any] = {}
@@ -181,10 +189,30 @@ def durable_batching(
         }
     grouped_rate = rows["grouped"]["mpi"]["median"]
     single_rate = rows["one at a time"]["mpi"]["median"]
+    on_tmpfs: dict[str, Any] | None = None
+    if memory_dir is not None:
+        samples, errors = [], []
+        for rep in range(reps):
+            progress(f"4. durable path: mpi_job, store on tmpfs, {rep + 1}/{reps}")
+            rate, error = runner.dispatchtx(
+                ranks, BATCHING_DEPTH, items, "real", "tmpfs", store_parent=memory_dir
+            )
+            if rate is not None:
+                samples.append(rate)
+            if error is not None:
+                errors.append(error)
+        on_tmpfs = _rates(samples, errors)
+    default = rows["one at a time"]  # the default settings
+    tmpfs_rate = None if on_tmpfs is None else on_tmpfs["median"]
     return {
         "max_in_flight": BATCHING_DEPTH,
         "rows": rows,
         "speedup": None if grouped_rate is None or not single_rate else grouped_rate / single_rate,
+        "tmpfs": on_tmpfs,
+        "default_fsyncs_per_item": sum(default["fsyncs_per_item"].values()),
+        "default_over_tmpfs": None
+        if single_rate is None or not tmpfs_rate
+        else single_rate / tmpfs_rate,
     }
 
 

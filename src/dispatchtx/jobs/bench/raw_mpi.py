@@ -2,12 +2,15 @@
 nothing of dispatchtx in it but its polling constants.
 
     mpiexec -n N python -m dispatchtx.jobs.bench.raw_mpi --items 800 --max-in-flight 1 4 \\
-        --repetitions 3 --report FILE
+        --repetitions 3 [--policy backoff|yield|block] [--spin S] --report FILE
 
 What a user writes without dispatchtx: rank 0 keeps `--max-in-flight` tasks
 at every worker rank, sends each task as a pickled tuple (`comm.isend`), and
-takes results with a matched probe (`comm.improbe` + `recv`); idle ranks back
-off their polling from 1 us to 1 ms exactly as `dispatchtx.transport` does.
+takes results with a matched probe (`comm.improbe` + `recv`). How every
+rank waits is `--policy`: `backoff` is dispatchtx's transport policy
+(`dispatchtx.transport.Backoff`: yield for `--spin` seconds after the last
+message, then sleep from 1 us to 1 ms); `yield` never sleeps; `block` waits
+in MPI's blocking calls (`mprobe`, `Wait`), which MPICH busy-polls.
 The messages carry what a dispatchtx Work and Result carry for
 `HashWorkload` (dispatch id, item, token, the payload `[item, object id]`,
 object contents the worker lacks; the 32-byte digest back), and the workers
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import pickle
 import sys
@@ -32,7 +36,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
-from dispatchtx.transport import MAX_BACKOFF, MIN_BACKOFF
+from dispatchtx.transport import DEFAULT_SPIN, Backoff
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -43,6 +47,7 @@ WORK_TAG: Final = 81
 RESULT_TAG: Final = 82
 STOP_TAG: Final = 83
 N_OBJECTS: Final = 4  # as HashWorkload
+POLICIES: Final = ("backoff", "yield", "block")
 
 # (dispatch id, item, token, payload, {object id: content}); the result:
 # (dispatch id, item, token, digest, cpu seconds).
@@ -50,21 +55,16 @@ WorkTuple = tuple[int, str, int, list[str], dict[str, bytes]]
 ResultTuple = tuple[int, str, int, bytes, float]
 
 
-class Backoff:
-    """The polling back-off of dispatchtx's transport: 1 us doubling to 1 ms,
-    reset whenever a message arrives."""
+class Waiting:
+    """How a rank waits for a message: `block` in MPI's blocking calls, or
+    between empty polls with a `Backoff` (`yield`: one that never sleeps)."""
 
-    __slots__ = ("delay",)
+    __slots__ = ("policy", "block", "backoff")
 
-    def __init__(self) -> None:
-        self.delay = 0.0
-
-    def reset(self) -> None:
-        self.delay = 0.0
-
-    def sleep(self) -> None:
-        self.delay = min(MAX_BACKOFF, self.delay * 2.0 or MIN_BACKOFF)
-        time.sleep(self.delay)
+    def __init__(self, policy: str, spin: float) -> None:
+        self.policy = policy
+        self.block = policy == "block"
+        self.backoff = Backoff(math.inf if policy == "yield" else spin)
 
 
 def object_contents() -> dict[str, bytes]:
@@ -73,19 +73,23 @@ def object_contents() -> dict[str, bytes]:
     return {hashlib.sha256(content).hexdigest(): content for content in contents}
 
 
-def _complete(request: MPI.Request, backoff: Backoff) -> None:
-    """Wait for a send as `MPITransport.send` does: Test, back off, retry."""
+def _complete(request: MPI.Request, waiting: Waiting) -> None:
+    """Wait for a send as `MPITransport.send` does (Test, back off, retry),
+    or in `Wait`."""
+    if waiting.block:
+        request.Wait()
+        return
     while not request.Test():
-        backoff.sleep()
+        waiting.backoff.sleep()
 
 
 class _Sender:
     """Rank 0's sends: a pickled tuple per task, object contents only the
     first time a worker needs them (as dispatchtx's object cache does)."""
 
-    def __init__(self, comm: MPI.Comm, n_workers: int, backoff: Backoff) -> None:
+    def __init__(self, comm: MPI.Comm, n_workers: int, waiting: Waiting) -> None:
         self.comm = comm
-        self.backoff = backoff
+        self.waiting = waiting
         self.objects = object_contents()
         self.object_ids = list(self.objects)
         self.known: list[set[str]] = [set() for _ in range(n_workers + 1)]  # by rank
@@ -101,7 +105,7 @@ class _Sender:
         message: WorkTuple = (self.dispatch_id, item, index + 1, [item, object_id], shipped)
         if len(self.sizes) < 64:  # a sample of sizes, for the report
             self.sizes.append(len(pickle.dumps(message, pickle.HIGHEST_PROTOCOL)))
-        _complete(self.comm.isend(message, rank, WORK_TAG), self.backoff)
+        _complete(self.comm.isend(message, rank, WORK_TAG), self.waiting)
 
 
 def _timed_round(
@@ -112,7 +116,8 @@ def _timed_round(
 
     n_workers = comm.Get_size() - 1
     status = MPI.Status()
-    backoff = sender.backoff
+    waiting = sender.waiting
+    backoff = waiting.backoff
     names = [f"{tag}-item-{i}" for i in range(items)]
     queue = deque(range(items))
     received = 0
@@ -123,11 +128,15 @@ def _timed_round(
                 index = queue.popleft()
                 sender.send(rank, index, names[index])
     while received < items:
-        probe = comm.improbe(MPI.ANY_SOURCE, RESULT_TAG, status)
-        if probe is None:
-            backoff.sleep()
-            continue
-        backoff.reset()
+        probe: MPI.Message | None
+        if waiting.block:
+            probe = comm.mprobe(MPI.ANY_SOURCE, RESULT_TAG, status)
+        else:
+            probe = comm.improbe(MPI.ANY_SOURCE, RESULT_TAG, status)
+            if probe is None:
+                backoff.sleep()
+                continue
+            backoff.reset()
         result: ResultTuple = probe.recv()
         if len(sizes) < 64:  # a sample of sizes, for the report
             sizes.append(len(pickle.dumps(result, pickle.HIGHEST_PROTOCOL)))
@@ -138,12 +147,14 @@ def _timed_round(
     return items / (time.perf_counter() - started)
 
 
-def master(comm: MPI.Comm, items: int, depths: list[int], repetitions: int) -> dict[str, Any]:
+def master(
+    comm: MPI.Comm, items: int, depths: list[int], repetitions: int, waiting: Waiting
+) -> dict[str, Any]:
     """For each depth: a warm-up round, then `repetitions` timed rounds."""
     import mpi4py
     from mpi4py import MPI
 
-    sender = _Sender(comm, comm.Get_size() - 1, Backoff())
+    sender = _Sender(comm, comm.Get_size() - 1, waiting)
     result_sizes: list[int] = []
     by_depth: dict[str, Any] = {}
     for depth in depths:
@@ -160,6 +171,8 @@ def master(comm: MPI.Comm, items: int, depths: list[int], repetitions: int) -> d
     return {
         "ranks": comm.Get_size(),
         "items": items,
+        "policy": waiting.policy,
+        "spin": waiting.backoff.spin if waiting.policy == "backoff" else None,
         "warm_up_rounds": 1,
         "by_max_in_flight": by_depth,
         "work_message_bytes": sum(sender.sizes) / max(1, len(sender.sizes)),
@@ -170,25 +183,32 @@ def master(comm: MPI.Comm, items: int, depths: list[int], repetitions: int) -> d
     }
 
 
-def worker(comm: MPI.Comm) -> None:
+def worker(comm: MPI.Comm, waiting: Waiting) -> None:
     from mpi4py import MPI
 
     status = MPI.Status()
     cache: dict[str, bytes] = {}
     outgoing: list[MPI.Request] = []
-    backoff = Backoff()
+    backoff = waiting.backoff
     while True:
         if outgoing:
             outgoing = [request for request in outgoing if not request.Test()]
-        probe = comm.improbe(0, WORK_TAG, status)
-        if probe is None:
-            stop = comm.improbe(0, STOP_TAG, status)
-            if stop is not None:
-                stop.recv()
+        probe: MPI.Message | None
+        if waiting.block:
+            probe = comm.mprobe(0, MPI.ANY_TAG, status)
+            if status.Get_tag() == STOP_TAG:  # sent once every result is in
+                probe.recv()
                 break
-            backoff.sleep()
-            continue
-        backoff.reset()
+        else:
+            probe = comm.improbe(0, WORK_TAG, status)
+            if probe is None:
+                stop = comm.improbe(0, STOP_TAG, status)
+                if stop is not None:
+                    stop.recv()
+                    break
+                backoff.sleep()
+                continue
+            backoff.reset()
         work: WorkTuple = probe.recv()
         dispatch_id, item, token, (text, object_id), shipped = work
         cache.update(shipped)
@@ -196,10 +216,8 @@ def worker(comm: MPI.Comm) -> None:
         digest = hashlib.sha256(text.encode() + cache[object_id]).digest()
         answer: ResultTuple = (dispatch_id, item, token, digest, time.process_time() - started)
         outgoing.append(comm.isend(answer, 0, RESULT_TAG))
-    while outgoing:
-        outgoing = [request for request in outgoing if not request.Test()]
-        if outgoing:
-            backoff.sleep()
+    for request in outgoing:
+        _complete(request, waiting)
 
 
 def write_report(report: dict[str, Any], path: str | None) -> None:
@@ -224,10 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         help="tasks kept at each worker; several depths run one after another in this job",
     )
     parser.add_argument("--repetitions", type=int, default=3, help="timed rounds after a warm-up")
+    parser.add_argument("--policy", choices=POLICIES, default="backoff", help="how ranks wait")
+    parser.add_argument(
+        "--spin", type=float, default=DEFAULT_SPIN, help="backoff: seconds of yielding first"
+    )
     parser.add_argument("--report", help="write the JSON report here (default: stdout)")
     args = parser.parse_args(argv)
     if args.items < 1 or min(args.max_in_flight) < 1 or args.repetitions < 1:
         parser.error("--items, --max-in-flight and --repetitions must be >= 1")
+    if not 0.0 <= args.spin <= 1.0:
+        parser.error("--spin must be between 0 and 1 second")
+    waiting = Waiting(args.policy, args.spin)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -235,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         print("run under mpiexec with at least 2 ranks", file=sys.stderr)
         return 2
     if comm.Get_rank() == 0:
-        report = master(comm, args.items, args.max_in_flight, args.repetitions)
+        report = master(comm, args.items, args.max_in_flight, args.repetitions, waiting)
         write_report(report, args.report)
     else:
-        worker(comm)
+        worker(comm, waiting)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import statistics
 import time
 from collections import Counter
@@ -16,7 +17,7 @@ from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.queue import WorkQueue
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.coordinator.workload import DispatchTag, Workload
-from dispatchtx.fs import SimulatedFS
+from dispatchtx.fs import FS, RealFS, SimulatedFS
 from dispatchtx.jobs.bench.common import spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import load_builds, median_of, time_lifecycles_across
@@ -91,20 +92,29 @@ class RefillableWorkload(Workload):
             self.wrong_results += 1
 
 
-def coordinator_scaling(workers: int, items: int, reps: int) -> dict[str, Any]:
+def coordinator_scaling(
+    workers: int, items: int, reps: int, store_dir: str | None = None
+) -> dict[str, Any]:
     """Wall µs per committed item of one coordinator with `workers` simulated
-    workers, its store and journal on `SimulatedFS`: `items` per run, a
-    warm-up run then `reps` timed runs of the same coordinator."""
+    workers, its store and journal on `SimulatedFS` (or, with `store_dir`,
+    through `RealFS` in that directory: a user's store on tmpfs): `items`
+    per run, a warm-up run then `reps` timed runs of the same coordinator."""
     setup_started = time.perf_counter()
     transport = SimulatedTransport(workers, hash_task)
     clock = TransportClock(transport, wall_offset=1.7e9)
-    store = WorkStore(SimulatedFS(), "/store", clock, ttl=SCALING_TTL)
+    store_fs: FS = SimulatedFS() if store_dir is None else RealFS()
+    journal_fs: FS = SimulatedFS() if store_dir is None else RealFS()
+    root = "/store" if store_dir is None else os.path.join(store_dir, f"store-{workers}")
+    journal_dir = "/journal" if store_dir is None else os.path.join(store_dir, f"journal-{workers}")
+    if store_dir is not None:
+        os.makedirs(journal_dir)
+    store = WorkStore(store_fs, root, clock, ttl=SCALING_TTL)
     # Each item ships its own object, so every size does the same work per
     # dispatch: with shared objects, 64 workers would hit their caches and
     # 65,536 would miss (a different workload, not a scan).
     workload = RefillableWorkload(n_objects=None)
-    config = CoordinatorConfig("bench", journal_path="/journal/bench.journal")
-    coordinator = Coordinator(config, transport, store, workload, journal_fs=SimulatedFS())
+    config = CoordinatorConfig("bench", journal_path=f"{journal_dir}/bench.journal")
+    coordinator = Coordinator(config, transport, store, workload, journal_fs=journal_fs)
     setup_seconds = time.perf_counter() - setup_started
     samples: list[float] = []
     shipped: list[float] = []
@@ -197,7 +207,12 @@ def periodic_scans(items: int) -> dict[str, Any]:
     }
 
 
-def scaling_run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+def scaling_run(
+    config: BenchConfig, progress: Callable[[str], None], memory_dir: str | None = None
+) -> dict[str, Any]:
+    """The coordinator and the tables alone at every size (store on
+    SimulatedFS), and with `memory_dir` the first size once more with the
+    store and journal through RealFS there (tmpfs: what a user runs)."""
     compiled = load_builds(lambda text: None).get("compiled")
     tables_module = compiled if compiled is not None else load_builds()["pure"]
     rows: list[dict[str, Any]] = []
@@ -246,6 +261,13 @@ def scaling_run(config: BenchConfig, progress: Callable[[str], None]) -> dict[st
         "the collector is frozen after each coordinator's setup (gc.freeze), so that its "
         "O(workers) objects are not walked by every full collection during the runs"
     )
+    on_memory: dict[str, Any] | None = None
+    if memory_dir is not None:
+        first = sizes[0]
+        progress(f"2. scaling: coordinator, {first:,} workers, store through RealFS on tmpfs")
+        on_memory = coordinator_scaling(
+            first, config.scaling_items, config.scaling_repetitions, store_dir=memory_dir
+        )
     progress("2. scaling: scans that grow with the items")
     scans = periodic_scans(config.scaling_items * (1 + config.scaling_repetitions))
     return {
@@ -253,6 +275,7 @@ def scaling_run(config: BenchConfig, progress: Callable[[str], None]) -> dict[st
         "repetitions": config.scaling_repetitions,
         "tables_build": "compiled" if compiled is not None else "pure",
         "rows": rows,
+        "real_fs_row": on_memory,
         "notes": notes,
         "periodic_scans": scans,
     }

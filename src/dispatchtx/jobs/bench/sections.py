@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, Final
 
-from dispatchtx.jobs.bench.common import machine, versions
+from dispatchtx.jobs.bench.common import machine, memory_directory, versions
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import core_run
 from dispatchtx.jobs.bench.durable import durable_run
@@ -49,6 +49,9 @@ def run(
     }
     figures: dict[str, Any] = results["sections"]
     base = tempfile.mkdtemp(prefix="dispatchtx-bench.", dir=directory)
+    # The stores "in memory" live where a user would put one: on tmpfs.
+    memory_dir, memory_fs = memory_directory(base)
+    results["memory_store"] = {"directory": memory_dir, "filesystem": memory_fs}
     try:
         if "core" in sections:
             progress("1. core")
@@ -60,15 +63,15 @@ def run(
                 warn=progress,
             )
         if "scaling" in sections:
-            figures["scaling"] = scaling_run(config, progress)
+            figures["scaling"] = scaling_run(config, progress, memory_dir)
         runner = JobRunner(base, config.job_timeout)
         if "mpi" in sections:
-            figures["mpi"] = mpi_run(config, runner, progress)
+            figures["mpi"] = mpi_run(config, runner, progress, memory_dir)
             results["versions"]["mpi_library"] = figures["mpi"]["mpi_library"]
         if "durable" in sections:
             durable_base = os.path.join(base, "durable")
             os.mkdir(durable_base)
-            figures["durable"] = durable_run(config, runner, durable_base, progress)
+            figures["durable"] = durable_run(config, runner, durable_base, progress, memory_dir)
         if "store" in sections:
             store_base = os.path.join(base, "store")
             os.mkdir(store_base)
@@ -76,6 +79,7 @@ def run(
         results["mpiexec_jobs"] = runner.jobs
         results["mpiexec_job_seconds"] = runner.job_seconds
     finally:
+        shutil.rmtree(memory_dir, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
     results["load_average_at_end"] = os.getloadavg()
     results["targets"] = targets(figures)

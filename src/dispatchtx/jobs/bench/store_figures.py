@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any, Final, NamedTuple
 
 from dispatchtx.fs import RealClock
+from dispatchtx.jobs.bench.common import filesystem_of
 from dispatchtx.jobs.bench.config import StoreConfig
 from dispatchtx.jobs.bench.store_counting import (
     BARRIER_TIMEOUT,
@@ -342,22 +343,6 @@ class Committer:
 # ---------------------------------------------------------------------------
 # 5. The store and the journal: the run
 # ---------------------------------------------------------------------------
-
-
-def filesystem_of(path: str) -> str:
-    """'type on device' of the mount holding `path`, from /proc/mounts."""
-    real = os.path.realpath(path)
-    best = ("", "unknown")
-    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
-        for line in mounts:
-            fields = line.split()
-            if len(fields) < 3:
-                continue
-            device, mount_point, kind = fields[0], fields[1], fields[2]
-            inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(best[0]):
-                best = (mount_point, f"{kind} on {device}")
-    return best[1]
 
 
 def progress_on_terminal(text: str) -> None:

@@ -89,6 +89,12 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{_x(row['ratio_to_first']):>9}{row['objects_shipped_per_dispatch']:>18.2f}"
                 f"{_span(row['tables_ns_per_lifecycle']):>28}{_x(row['tables_ratio_to_first']):>9}"
             )
+        real_fs = scaling.get("real_fs_row")
+        if real_fs is not None:
+            print(
+                f"{real_fs['workers']:>10,}{_span(real_fs['us_per_item']):>28}"
+                "   <- the same, store and journal through RealFS on tmpfs"
+            )
         for note in scaling["notes"]:
             print(f"  note: {note}")
         scans = scaling["periodic_scans"]
@@ -106,21 +112,26 @@ def print_table(results: dict[str, Any]) -> None:
         sizes = mpi["message_bytes"]
         print(
             f"3. real MPI, results/s ({mpi['items_per_repetition']:,} items x "
-            f"{mpi['repetitions']}); dispatchtx: mpi_job --fs memory; message bytes: dispatchtx "
+            f"{mpi['repetitions']}); dispatchtx: mpi_job, store {mpi.get('store', '-')}; "
+            "message bytes: dispatchtx "
             f"work {sizes.get('dispatchtx_work', 0):.0f} "
             f"({sizes.get('dispatchtx_work_first', 0):.0f} first) / result "
             f"{sizes.get('dispatchtx_result', 0):.0f}, raw pickled work "
             f"{sizes.get('raw_work') or 0:.0f} / result {sizes.get('raw_result') or 0:.0f}"
         )
         print(
-            f"{'ranks':>5}{'depth':>6}{'dispatchtx':>24}{'raw mpi4py loop':>24}"
-            f"{'mpi4py.futures':>24}{'dtx/raw':>9}{'dtx/futures':>12}"
+            f"{'ranks':>5}{'depth':>6}{'dispatchtx':>26}{'raw, same polling':>31}"
+            f"{'raw, best policy':>40}{'mpi4py.futures':>26}{'dtx/raw':>9}{'dtx/best':>9}"
+            f"{'dtx/futures':>12}"
         )
         for row in mpi["rows"]:
+            best = row.get("raw_best", {"median": None})
+            best_text = f"{_span(best)} {best.get('policy') or ''}"
             print(
-                f"{row['ranks']:>5}{row['max_in_flight']:>6}{_span(row['dispatchtx']):>24}"
-                f"{_span(row['raw']):>24}{_span(row['futures']):>24}"
-                f"{_x(row['dispatchtx_over_raw']):>9}{_x(row['dispatchtx_over_futures']):>12}"
+                f"{row['ranks']:>5}{row['max_in_flight']:>6}{_span(row['dispatchtx']):>26}"
+                f"{_span(row['raw']):>31}{best_text:>40}{_span(row['futures']):>26}"
+                f"{_x(row['dispatchtx_over_raw']):>9}{_x(row.get('dispatchtx_over_raw_best')):>9}"
+                f"{_x(row['dispatchtx_over_futures']):>12}"
             )
             for system in ("dispatchtx", "raw", "futures"):
                 for error in dict.fromkeys(row[system]["errors"]):
@@ -172,6 +183,12 @@ def print_table(results: dict[str, Any]) -> None:
             for error in dict.fromkeys(row["mpi"]["errors"]):
                 print(f"    failed: {error[:300]}")
         print(f"  grouped / one at a time: {_x(batching['speedup'])}")
+        tmpfs = batching.get("tmpfs")
+        if tmpfs is not None:
+            print(
+                f"  {'mpi_job, store on tmpfs (same settings)':<44}{_span(tmpfs):>24} results/s"
+                f"  default durable / tmpfs: {_x(batching.get('default_over_tmpfs'))}"
+            )
         for note in durable["notes"]:
             print(f"  note: {note}")
     store = figures.get("store")
@@ -198,7 +215,7 @@ def print_table(results: dict[str, Any]) -> None:
             )
         print("  fsyncs by kind: n new file, r rewritten file, d changed directory, c clean one")
     print()
-    print("targets (issue 12, ratios measured in this run)")
+    print("targets (issues 12 and 17, ratios measured in this run)")
     for target in results["targets"]:
         mark = {True: "met", False: "MISSED", None: "no figure"}[target["met"]]
         print(f"  {mark:<10}{target['target']}: {target['measured']}")

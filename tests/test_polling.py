@@ -1,0 +1,90 @@
+"""The polling policy of every rank (`dispatchtx.transport.Backoff`): yield
+while messages flow, back off once idle."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dispatchtx.transport import DEFAULT_SPIN, MAX_BACKOFF, MIN_BACKOFF, Backoff, interface
+
+
+class FakeTime:
+    """The clock and the two ways to wait that `Backoff` uses, recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+        self.yields = 0
+        where = interface.__name__
+        monkeypatch.setattr(f"{where}.time.monotonic", lambda: self.now)
+        monkeypatch.setattr(f"{where}.time.sleep", self.sleeps.append)
+        monkeypatch.setattr(f"{where}.os.sched_yield", self._yield)
+
+    def _yield(self) -> None:
+        self.yields += 1
+
+
+def test_it_yields_for_its_spin_then_backs_off_doubling_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeTime(monkeypatch)
+    backoff = Backoff(spin=0.001)
+    for _ in range(5):
+        backoff.sleep()
+    assert (clock.yields, clock.sleeps) == (5, [])
+    clock.now += 0.001
+    for _ in range(14):
+        backoff.sleep()
+    assert clock.yields == 5
+    assert clock.sleeps[:3] == [MIN_BACKOFF, 2 * MIN_BACKOFF, 4 * MIN_BACKOFF]
+    assert clock.sleeps[-1] == MAX_BACKOFF
+    assert max(clock.sleeps) == MAX_BACKOFF
+
+
+def test_a_message_brings_back_the_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime(monkeypatch)
+    backoff = Backoff(spin=0.001)
+    clock.now += 0.01
+    backoff.sleep()
+    backoff.sleep()
+    assert clock.sleeps == [MIN_BACKOFF, 2 * MIN_BACKOFF]
+    backoff.reset()
+    backoff.sleep()
+    assert clock.yields == 1 and len(clock.sleeps) == 2
+    clock.now += 0.01
+    backoff.sleep()
+    assert clock.sleeps[-1] == MIN_BACKOFF  # the back-off starts over as well
+
+
+def test_no_spin_backs_off_at_once_and_an_endless_spin_never_sleeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeTime(monkeypatch)
+    Backoff(spin=0.0).sleep()
+    assert clock.sleeps == [MIN_BACKOFF] and clock.yields == 0
+    endless = Backoff(spin=math.inf)
+    clock.now += 1e9
+    for _ in range(100):
+        endless.sleep()
+    assert clock.yields == 100 and clock.sleeps == [MIN_BACKOFF]
+
+
+def test_a_sleep_never_outlasts_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime(monkeypatch)
+    backoff = Backoff(spin=0.0)
+    for _ in range(20):
+        backoff.sleep(limit=5e-5)
+    assert max(clock.sleeps) == 5e-5
+
+
+@pytest.mark.parametrize("spin", [-1e-6, math.nan, -math.inf])
+def test_a_spin_that_is_no_duration_is_refused(spin: float) -> None:
+    with pytest.raises(ValueError, match="spin"):
+        Backoff(spin)
+
+
+def test_the_default_spin_is_short() -> None:
+    assert 0.0 < DEFAULT_SPIN <= 0.01
+    assert Backoff().spin == DEFAULT_SPIN
