@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatchtx.jobs.campaign.picture import find_stalls
+from dispatchtx.jobs.campaign.picture import fault_intervals, find_stalls
 from dispatchtx.jobs.campaign.report import FAULT_GROUPS, budget_and_end, group_faults
 from dispatchtx.jobs.campaign.runner import CampaignConfig
 
@@ -92,3 +92,18 @@ def test_the_terminal_shows_kills_and_restarts_not_launcher_banners(tmp_path: Pa
     assert re.search(r"^  ended +", done.stdout, re.M)
     assert re.search(r"real MPI +simulated", done.stdout)
     assert re.search(r"^      kill-mid-triage +\d+ +\d+$", done.stdout, re.M)
+
+
+def test_the_fault_strip_spreads_each_count_over_its_own_interval() -> None:
+    progress = [(0.0, 0, 0), (1.0, 5, 10), (2.0, 9, 20), (3.0, 9, 50)]
+    assert fault_intervals(progress) == [(0.0, 1.0, 10.0), (1.0, 1.0, 10.0), (2.0, 1.0, 30.0)]
+
+
+def test_a_last_sample_just_after_the_one_before_is_no_burst() -> None:
+    # The final sample comes 0.1 s after the last one, with the faults a
+    # job's lagging status had not shown yet: they belong to the last second.
+    progress = [(0.0, 0, 0), (1.0, 5, 10), (2.0, 9, 20), (2.1, 9, 60)]
+    intervals = fault_intervals(progress)
+    assert [(start, round(width, 3)) for start, width, _ in intervals] == [(0.0, 1.0), (1.0, 1.1)]
+    assert intervals[-1][2] == pytest.approx(50 / 1.1)
+    assert fault_intervals([(0.0, 0, 0), (0.1, 0, 5)]) == [(0.0, 0.1, 50.0)]

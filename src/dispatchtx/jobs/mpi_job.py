@@ -240,6 +240,9 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         if not coordinator.adopt_orphans():
             break
         coordinator.step()  # heartbeats and roll-forward go on meanwhile
+        if time.monotonic() >= next_status:  # the faults of the wait, as they fire
+            next_status = time.monotonic() + 1.0
+            write_status()
     write_status()
     elapsed = time.monotonic() - started
     leaks = [str(leak) for leak in coordinator.leaks()]

@@ -27,6 +27,23 @@ def stage_words(stage: str) -> str:
     return stage.removeprefix("kill-").replace("-", " ")
 
 
+# A last sample closer than this to the one before it is merged into that
+# interval: a job's status lags by up to a second, so the faults of that second
+# would read as a burst over a sliver of time.
+SHORTEST_LAST_INTERVAL = 0.5
+
+
+def fault_intervals(progress: Sequence[tuple[float, int, int]]) -> list[tuple[float, float, float]]:
+    """(start, width, faults per second) of each interval between two
+    progress samples (seconds, results, faults so far)."""
+    points = [(t, f) for t, _, f in progress]
+    if len(points) >= 3 and points[-1][0] - points[-2][0] < SHORTEST_LAST_INTERVAL:
+        del points[-2]
+    return [
+        (t0, t1 - t0, (f1 - f0) / (t1 - t0)) for (t0, f0), (t1, f1) in pairwise(points) if t1 > t0
+    ]
+
+
 @dataclass(frozen=True)
 class Stall:
     start: float
@@ -112,9 +129,9 @@ def draw_picture(campaign: Campaign, report: dict[str, Any], path: Path) -> str 
         top.text(0, made, f" {made} items made: the fuzzer ran dry", va="bottom", fontsize="small")
     for stall in find_stalls(progress, events):
         top.axvspan(stall.start, stall.end, color="tab:orange", alpha=0.15)
-        top.text(
+        top.text(  # under the budget line, whose label starts at the left
             stall.start,
-            top_of_plot * 0.97,
+            campaign.config.items * 0.97,
             textwrap.fill(f"stall; pending: {stall.cause}", 30),
             va="top",
             fontsize="x-small",
@@ -128,11 +145,15 @@ def draw_picture(campaign: Campaign, report: dict[str, Any], path: Path) -> str 
     )
     _draw_lanes(campaign, lanes)
     # The faults fired per second, every kind, from what the jobs wrote.
-    rates = [
-        (f1 - f0) / (t1 - t0) if t1 > t0 else 0.0 for (t0, _, f0), (t1, _, f1) in pairwise(progress)
-    ]
-    if rates:
-        strip.bar(times[1:], rates, width=0.9, align="edge", color="tab:gray")
+    intervals = fault_intervals(progress)
+    if intervals:
+        strip.bar(
+            [start for start, _, _ in intervals],
+            [rate for _, _, rate in intervals],
+            width=[width * 0.95 for _, width, _ in intervals],
+            align="edge",
+            color="tab:gray",
+        )
     strip.set_ylabel("faults fired/s")
     strip.set_xlabel("seconds since the campaign started")
     figure.tight_layout()
