@@ -16,7 +16,7 @@ import pytest
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig, DispatchTag, Stat
 from dispatchtx.coordinator.faults import CoordinatorKilled, FaultPlan, FaultPoint
 from dispatchtx.coordinator.queue import QueueState
-from dispatchtx.coordinator.recovery import ORPHAN_LOOKS
+from dispatchtx.coordinator.recovery import MAX_ORPHAN_LOOKS, ORPHAN_LOOKS
 from dispatchtx.fs import (
     DiskFaultPlan,
     Fault,
@@ -28,7 +28,7 @@ from dispatchtx.fs import (
     SimulatedFS,
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
-from dispatchtx.store import ItemStatus, WorkStore, item_key
+from dispatchtx.store import ItemStatus, Survey, WorkStore, item_key
 from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
 ROOT = "/store"
@@ -668,4 +668,73 @@ def test_a_directory_whose_first_record_never_landed_is_given_up_after_its_looks
     assert adopting.offered == []
     assert coordinator.adopt_orphans() is False  # given up once, not counted again
     assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
+    coordinator.shutdown()
+
+
+def test_errors_that_hit_another_item_each_look_do_not_keep_the_run_going() -> None:
+    world = make_world(items=2)
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    while not coordinator.idle:
+        coordinator.step()
+    looks = 0
+
+    def flickering_survey() -> Survey:
+        nonlocal looks
+        looks += 1
+        key = item_key(f"flicker-{looks}")  # a new item hit by an I/O error each time
+        return Survey([], {key: "reading a slot failed"}, [key])
+
+    coordinator.store.survey = flickering_survey  # type: ignore[method-assign]
+    while coordinator.adopt_orphans():
+        assert looks < MAX_ORPHAN_LOOKS
+        coordinator.step()
+    assert looks >= ORPHAN_LOOKS
+    given_up = coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP]
+    assert given_up == 1  # the key of the look that ended the wait
+    assert coordinator.adopt_orphans() is False  # a new key after the wait: given up at once
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == given_up + 1
+    coordinator.shutdown()
+
+
+def test_the_wait_for_unread_items_ends_on_a_clock_that_does_not_move() -> None:
+    world = make_world(items=2)
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    while not coordinator.idle:
+        coordinator.step()
+    world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
+    looks = 0
+    while coordinator.adopt_orphans():  # no step(): the simulated clock stands still
+        looks += 1
+        assert looks < MAX_ORPHAN_LOOKS
+    assert looks == MAX_ORPHAN_LOOKS - 1
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
+    coordinator.shutdown()
+
+
+def test_an_item_given_up_is_still_adopted_once_a_survey_reads_it() -> None:
+    world = make_world(items=2)
+    peer_store = world.store()
+    peer_store.register("coord-b")
+    assert peer_store.claim("late") is not None
+    first_record = f"{ROOT}/items/{item_key('late')}/s.0000000000"
+    hidden = True
+    read = world.fs.read
+
+    def hiding(path: str) -> bytes:
+        if hidden and path == first_record:
+            raise FileNotFoundError(path)
+        return read(path)
+
+    world.fs.read = hiding  # type: ignore[method-assign]
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    while coordinator.adopt_orphans():
+        coordinator.step()
+    assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
+    assert "late" not in adopting.offered
+    hidden = False
+    assert coordinator.adopt_orphans() is True
+    assert "late" in adopting.offered
     coordinator.shutdown()

@@ -144,7 +144,8 @@ class Coordinator(Recovery):
         # The first look for items to roll forward reads every item: after a
         # power loss the "maybe committing" marks may be gone.
         self._full_look_due = True
-        self._orphan_looks: dict[str, tuple[float, int]] = {}
+        self._orphan_wait: tuple[float, int] | None = None
+        self._orphans_given_up: set[str] = set()
         interval = config.heartbeat_every
         self._heartbeat_every = store.ttl / 3 if interval is None else interval
         # The main thread holds this lock except while user triage code runs;

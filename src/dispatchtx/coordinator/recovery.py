@@ -21,9 +21,12 @@ __all__ = ["Committed", "Recovery"]
 
 log = logging.getLogger("dispatchtx.coordinator")
 
-# How many looks (over at least the store's ttl + margin) an item the survey
-# cannot read yet gets before `adopt_orphans` gives it up.
+# How many looks (over at least the store's ttl + margin) `adopt_orphans`
+# waits for what a survey cannot read yet, and the most it makes (a clock
+# that does not move).
 ORPHAN_LOOKS = 8
+MAX_ORPHAN_LOOKS = 1000
+_THE_LISTING = ""  # stands for the store's item listing (never an item key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +48,8 @@ class Recovery:
     stats: CoordinatorStats
     dispatch_log: DispatchLog | None
     _full_look_due: bool
-    _orphan_looks: dict[str, tuple[float, int]]  # key -> (first look, looks; -1: given up)
+    _orphan_wait: tuple[float, int] | None  # (first look, looks) of the wait going on
+    _orphans_given_up: set[str]  # keys no longer waited for
 
     if TYPE_CHECKING:
 
@@ -121,16 +125,19 @@ class Recovery:
     def adopt_orphans(self) -> bool:
         """Offer the workload every item the store holds unsettled (neither
         done nor quarantined): items only a peer killed for good knew are
-        finished by whoever adopts them. True while the workload will finish
-        some such item, so the caller keeps stepping; a store error (a disk
-        fault) is True too: look again.
+        finished by whoever adopts them. True while the caller should call
+        `step()` and then ask again: the workload will finish some such item,
+        or the store could not be read in full yet.
 
-        An item the survey could not read for now (its first record not seen,
-        which a cached negative look-up can cause, or an I/O error) is looked
-        at again: True until it has been so for `ORPHAN_LOOKS` looks and for
-        the store's `ttl + margin`; then it is given up (counted and logged
-        once), so that a directory whose first record never landed, or an
-        item no one can read, does not keep the run going forever.
+        What the survey could not read for now (an item whose first record
+        is not seen, which a cached negative look-up can cause, one that hit
+        an I/O error, or the listing itself) is waited for: True for at
+        least `ORPHAN_LOOKS` looks and the store's `ttl + margin` from the
+        first such look (at most `MAX_ORPHAN_LOOKS` looks, for a clock that
+        does not move); then each key still unread is given up (counted and
+        logged once) and not waited for again. A key given up is still
+        adopted if a later survey reads it. The wait starts over once a
+        survey finds nothing new to wait for.
 
         A workload that keeps `Workload.adopt` (adopt nothing) is not
         offered anything: the survey reads every item in the store."""
@@ -142,33 +149,33 @@ class Recovery:
             unsettled = [s.work_id for s in survey.states if s.status not in finished]
             adopted = [self.workload.adopt(work_id) for work_id in unsettled]
         except (StoreError, OSError):
-            return True
-        return any(adopted) | self._looking_again(survey.look_again)
+            return self._still_waiting([_THE_LISTING])
+        return any(adopted) | self._still_waiting(survey.look_again)
 
-    def _looking_again(self, keys: list[str]) -> bool:
-        """Follow the keys a survey could not read yet; True while any of
-        them is still worth another look."""
+    def _still_waiting(self, unread: list[str]) -> bool:
+        """One look at what a survey could not read; True while the wait for
+        it goes on (one wait for all of them, so that errors that hit a
+        different item each time cannot keep it going)."""
+        waiting_for = [key for key in unread if key not in self._orphans_given_up]
+        if not waiting_for:
+            self._orphan_wait = None
+            return False
         now = self.transport.now()
-        watched = self._orphan_looks
-        for key in [key for key in watched if key not in keys]:
-            del watched[key]  # read since (or gone)
-        waiting = False
+        if self._orphan_wait is None:
+            self._orphan_wait = (now, 0)
+        since, looks = self._orphan_wait
+        looks += 1
+        self._orphan_wait = (since, looks)
         settle = self.store.ttl + self.store.margin
-        for key in keys:
-            since, looks = watched.get(key, (now, 0))
-            if looks < 0:
-                continue  # given up already
-            looks += 1
-            if looks < ORPHAN_LOOKS or now - since < settle:
-                watched[key] = (since, looks)
-                waiting = True
-                continue
-            watched[key] = (since, -1)
+        if looks < MAX_ORPHAN_LOOKS and (looks < ORPHAN_LOOKS or now - since < settle):
+            return True
+        for key in waiting_for:
+            self._orphans_given_up.add(key)
             self.stats.counts[Stat.ORPHAN_LOOKS_GIVEN_UP] += 1
             log.warning(
-                "item %s could not be read in %d looks over %.1f s; not adopted",
-                key,
+                "%s could not be read in %d looks over %.1f s; not waited for any more",
+                "the item listing" if key == _THE_LISTING else f"item {key}",
                 looks,
                 now - since,
             )
-        return waiting
+        return False

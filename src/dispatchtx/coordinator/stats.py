@@ -56,7 +56,7 @@ class Stat(StrEnum):
     LEASES_FOUND_LOST = "leases found lost"
     UNREADABLE_ITEMS = "unreadable items"
     ITEMS_SET_ASIDE = "items set aside by roll-forward"
-    ORPHAN_LOOKS_GIVEN_UP = "unreadable items not adopted"
+    ORPHAN_LOOKS_GIVEN_UP = "unreadable items not waited for"
     ROLL_FORWARD_DEFERRED = "roll-forward items skipped for a look"
     CORRUPT_ITEMS_DROPPED = "corrupt items dropped"
     ROLL_FORWARD_FAILURES = "roll-forward failures"
