@@ -244,6 +244,30 @@ def test_the_raw_loop_and_the_futures_pool_report_results_per_second(tmp_path: P
     assert error is None and rate is not None and positive(rate)
 
 
+@pytest.mark.parametrize("policy", ["yield", "block"])
+def test_the_raw_loop_runs_with_each_waiting_policy(tmp_path: Path, policy: str) -> None:
+    _mpiexec()
+    runner = bench.JobRunner(str(tmp_path), timeout=90.0)
+    args = ["-m", "dispatchtx.jobs.bench.raw_mpi", "--items", "30", "--max-in-flight", "1", "3"]
+    raw = runner.run(3, [*args, "--repetitions", "1", "--policy", policy], policy)
+    assert raw.error is None and raw.report is not None
+    assert raw.report["policy"] == policy and raw.report["spin"] is None
+    for depth in ("1", "3"):
+        (rate,) = raw.report["by_max_in_flight"][depth]["results_per_second"]
+        assert positive(rate)
+
+
+def test_a_dispatchtx_job_on_a_store_in_memory_leaves_no_store_behind(tmp_path: Path) -> None:
+    _mpiexec()
+    runner = bench.JobRunner(str(tmp_path / "jobs"), timeout=90.0)
+    (tmp_path / "jobs").mkdir()
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    rate, error = runner.dispatchtx(2, 1, 10, "real", "dtx", store_parent=str(memory))
+    assert error is None and rate is not None and positive(rate)
+    assert list(memory.iterdir()) == []
+
+
 def test_a_job_past_its_timeout_is_killed_as_a_group(tmp_path: Path) -> None:
     _mpiexec()
     started = time.monotonic()

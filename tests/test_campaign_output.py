@@ -107,3 +107,8 @@ def test_a_last_sample_just_after_the_one_before_is_no_burst() -> None:
     assert [(start, round(width, 3)) for start, width, _ in intervals] == [(0.0, 1.0), (1.0, 1.1)]
     assert intervals[-1][2] == pytest.approx(50 / 1.1)
     assert fault_intervals([(0.0, 0, 0), (0.1, 0, 5)]) == [(0.0, 0.1, 50.0)]
+
+
+def test_faults_counted_at_a_repeated_moment_are_not_lost() -> None:
+    progress = [(0.0, 0, 0), (1.0, 0, 10), (1.0, 0, 14), (2.0, 0, 20)]
+    assert fault_intervals(progress) == [(0.0, 1.0, 14.0), (1.0, 1.0, 6.0)]

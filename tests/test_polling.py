@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dispatchtx.transport import DEFAULT_SPIN, MAX_BACKOFF, MIN_BACKOFF, Backoff, interface
+from dispatchtx.transport import MAX_BACKOFF, MIN_BACKOFF, Backoff, interface
 
 
 class FakeTime:
@@ -85,6 +85,48 @@ def test_a_spin_that_is_no_duration_is_refused(spin: float) -> None:
         Backoff(spin)
 
 
-def test_the_default_spin_is_short() -> None:
-    assert 0.0 < DEFAULT_SPIN <= 0.01
-    assert Backoff().spin == DEFAULT_SPIN
+class _DoneRequest:
+    def Test(self) -> bool:
+        return True
+
+
+class _QuietComm:
+    """Rank 0 of two ranks where no result ever arrives; sends complete at once."""
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return 2
+
+    def Improbe(self, source: int, tag: int, status: object) -> None:
+        return None
+
+    def Isend(self, data: bytes, rank: int, tag: int) -> _DoneRequest:
+        return _DoneRequest()
+
+
+def test_an_idle_coordinator_stays_backed_off_from_one_poll_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("mpi4py")
+    from dispatchtx.transport import MPITransport, Work
+
+    yields = 0
+
+    def counting_yield() -> None:
+        nonlocal yields
+        yields += 1
+
+    monkeypatch.setattr(f"{interface.__name__}.os.sched_yield", counting_yield)
+    transport = MPITransport(_QuietComm(), spin=0.001)  # type: ignore[arg-type]
+    assert transport.poll(0.003) == []  # spins its first ms, then sleeps
+    assert yields > 0
+    yields = 0
+    assert transport.poll(0.003) == []
+    assert transport.poll(0.003) == []
+    assert yields == 0  # idle since long before: no spin at each poll
+    transport.send(0, Work(1, "item", 1, None, {}))
+    assert transport.poll(0.003) == []
+    assert yields > 0  # a message went out: its answer is due soon
+    transport.close()

@@ -231,18 +231,21 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     coordinator.step()  # the first step rolls forward what an earlier incarnation left
     recovered_after = time.monotonic() - started
     next_status = 0.0
+
+    def status_when_due() -> None:
+        nonlocal next_status
+        if time.monotonic() >= next_status:
+            next_status = time.monotonic() + 1.0
+            write_status()
+
     while True:
         while not coordinator.idle:
             coordinator.step()
-            if time.monotonic() >= next_status:
-                next_status = time.monotonic() + 1.0
-                write_status()
+            status_when_due()
         if not coordinator.adopt_orphans():
             break
         coordinator.step()  # heartbeats and roll-forward go on meanwhile
-        if time.monotonic() >= next_status:  # the faults of the wait, as they fire
-            next_status = time.monotonic() + 1.0
-            write_status()
+        status_when_due()  # the faults of the wait too, as they fire
     write_status()
     elapsed = time.monotonic() - started
     leaks = [str(leak) for leak in coordinator.leaks()]

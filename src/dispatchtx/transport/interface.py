@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
@@ -116,6 +117,13 @@ def _check_timeout(timeout: float) -> None:
         raise ValueError(f"timeout must be finite and >= 0, not {timeout!r}")
 
 
+def _yield_cpu() -> None:
+    if sys.platform == "win32":
+        time.sleep(0)  # Windows has no sched_yield; sleep(0) gives up the slice
+    else:
+        os.sched_yield()
+
+
 class Backoff:
     """How a polling loop waits between empty polls. For `spin` seconds
     after the last message (`reset()`, or its creation) it only yields the
@@ -141,7 +149,7 @@ class Backoff:
     def sleep(self, limit: float = MAX_BACKOFF) -> None:
         """Wait before the next poll, at most `limit` seconds."""
         if not self.delay and time.monotonic() < self._spin_until:
-            os.sched_yield()
+            _yield_cpu()
             return
         self.delay = min(MAX_BACKOFF, self.delay * 2.0 or MIN_BACKOFF)
         time.sleep(min(self.delay, limit))

@@ -97,9 +97,10 @@ class MPITransport:
     `max_result_bytes` is dropped unread (counted as "oversized"): what a
     worker sends cannot make the coordinator allocate more than that.
 
-    Every wait (`poll`, `send`) yields for `spin` seconds before it backs
-    off from 1 us to 1 ms (`Backoff`): 0 sleeps at once, as mpi4py.futures
-    does."""
+    Between empty polls it yields for `spin` seconds after the last message
+    sent or received, then backs off from 1 us to 1 ms (one `Backoff` for
+    every `poll` and `send`, so an idle coordinator stays backed off from
+    one poll to the next): 0 sleeps at once, as mpi4py.futures does."""
 
     def __init__(
         self,
@@ -141,6 +142,9 @@ class MPITransport:
         self._max_batch = max_batch
         self._max_result_bytes = max_result_bytes
         self._spin = spin
+        # One policy across calls: an idle coordinator that polls again and
+        # again stays backed off; a message sent or received spins it again.
+        self._backoff = Backoff(spin)
         self._truncate_error: int = MPI.ERR_TRUNCATE
         self._mpi_error: type[MPI.Exception] = MPI.Exception
         self._byte = MPI.BYTE
@@ -191,7 +195,8 @@ class MPITransport:
             self._stats["send_failed"] += 1
             raise
         deadline = None if self._send_timeout is None else time.monotonic() + self._send_timeout
-        backoff = Backoff(self._spin)
+        backoff = self._backoff
+        backoff.reset()  # its answer is due soon
         while True:
             try:
                 if request.Test():
@@ -225,6 +230,7 @@ class MPITransport:
             self._stats["isend_failed"] += 1
             raise
         self._stats["isent"] += 1
+        self._backoff.reset()
         return _MPISend(self, worker, work.dispatch_id, request, data)
 
     def test(self, handle: SendHandle) -> bool:
@@ -303,10 +309,11 @@ class MPITransport:
         if self._orphans:
             self._orphans = [pair for pair in self._orphans if not _finished(pair[0])]
         deadline = time.monotonic() + timeout
-        backoff = Backoff(self._spin)
+        backoff = self._backoff
         while True:
             self._drain()
             if self._inbox:
+                backoff.reset()
                 arrived = list(self._inbox)
                 self._inbox.clear()
                 return arrived

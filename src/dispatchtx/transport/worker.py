@@ -155,8 +155,8 @@ def run_worker(
     is true the worker calls `hang()` before running that work, by default
     SIGSTOP on itself: under MPICH a worker that dies after talking takes the
     job down, so a lost worker in real runs is a hung one (docs/design.md).
-    Between empty polls it yields for `spin` seconds after its last message,
-    then backs off from 1 us to 1 ms (`Backoff`)."""
+    Between empty polls it yields for `spin` seconds after its last message
+    (received or sent), then backs off from 1 us to 1 ms (`Backoff`)."""
     from mpi4py import MPI
 
     started_wall, started_cpu = time.monotonic(), time.process_time()
@@ -194,6 +194,7 @@ def run_worker(
         task_errors += bool(result.error)
         data = _encode_result(result)
         outgoing.append((comm.Isend(data, coordinator, result_tag), data))
+        backoff.reset()  # the next work follows its answer
     while outgoing:
         outgoing = [pair for pair in outgoing if not pair[0].Test()]
         if outgoing:

@@ -142,6 +142,11 @@ def filesystem_of(path: str) -> str:
     return best[1]
 
 
+def filesystem_type(path: str) -> str:
+    """Just the type ("tmpfs", "ext4") of the mount holding `path`."""
+    return filesystem_of(path).split(" on ", 1)[0]
+
+
 def memory_directory(fallback: str) -> tuple[str, str]:
     """A new directory for a store in memory, as a user would put one: under
     /dev/shm where it is a writable tmpfs, else under `fallback`. Returns the

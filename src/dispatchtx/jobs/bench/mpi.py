@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import dispatchtx
-from dispatchtx.jobs.bench.common import spread
+from dispatchtx.jobs.bench.common import filesystem_type, spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.workloads.hash import HashWorkload
 from dispatchtx.launch import find_mpiexec, kill_job
@@ -116,6 +117,7 @@ class JobRunner:
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.jobs.mpi_job` run, or the error; its
         store under `store_parent` (default: the jobs' directory)."""
+        store = self.store_dir(tag, store_parent)
         outcome = self.run(
             ranks,
             [
@@ -124,7 +126,7 @@ class JobRunner:
                 "--fs",
                 fs,
                 "--store",
-                self.store_dir(tag, store_parent),
+                store,
                 "--items",
                 str(items),
                 "--max-in-flight",
@@ -135,6 +137,8 @@ class JobRunner:
             ],
             tag,
         )
+        if store_parent is not None:  # in memory: give it back at once
+            shutil.rmtree(store, ignore_errors=True)
         if outcome.report is None:
             return None, outcome.error
         if not outcome.report.get("passed"):
@@ -275,7 +279,9 @@ def mpi_run(
     return {
         "items_per_repetition": items,
         "repetitions": config.mpi_repetitions,
-        "store": "RealFS on tmpfs" if memory_dir is not None else "SimulatedFS (rank 0's memory)",
+        "store": f"RealFS on {filesystem_type(memory_dir)}"
+        if memory_dir is not None
+        else "SimulatedFS (rank 0's memory)",
         "store_directory": memory_dir,
         "rows": rows,
         "mpi_library": library,

@@ -106,6 +106,7 @@ class _Sender:
         if len(self.sizes) < 64:  # a sample of sizes, for the report
             self.sizes.append(len(pickle.dumps(message, pickle.HIGHEST_PROTOCOL)))
         _complete(self.comm.isend(message, rank, WORK_TAG), self.waiting)
+        self.waiting.backoff.reset()  # as MPITransport: its answer is due soon
 
 
 def _timed_round(
@@ -216,6 +217,7 @@ def worker(comm: MPI.Comm, waiting: Waiting) -> None:
         digest = hashlib.sha256(text.encode() + cache[object_id]).digest()
         answer: ResultTuple = (dispatch_id, item, token, digest, time.process_time() - started)
         outgoing.append(comm.isend(answer, 0, RESULT_TAG))
+        backoff.reset()  # as run_worker: the next work follows its answer
     for request in outgoing:
         _complete(request, waiting)
 

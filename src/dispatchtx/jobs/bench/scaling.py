@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from dispatchtx.coordinator.queue import WorkQueue
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.coordinator.workload import DispatchTag, Workload
 from dispatchtx.fs import FS, RealFS, SimulatedFS
-from dispatchtx.jobs.bench.common import spread
+from dispatchtx.jobs.bench.common import filesystem_type, spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import load_builds, median_of, time_lifecycles_across
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
@@ -268,6 +269,9 @@ def scaling_run(
         on_memory = coordinator_scaling(
             first, config.scaling_items, config.scaling_repetitions, store_dir=memory_dir
         )
+        on_memory["filesystem"] = filesystem_type(memory_dir)
+        for name in os.listdir(memory_dir):  # in memory: give it back at once
+            shutil.rmtree(os.path.join(memory_dir, name), ignore_errors=True)
     progress("2. scaling: scans that grow with the items")
     scans = periodic_scans(config.scaling_items * (1 + config.scaling_repetitions))
     return {

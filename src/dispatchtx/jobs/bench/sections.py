@@ -49,10 +49,11 @@ def run(
     }
     figures: dict[str, Any] = results["sections"]
     base = tempfile.mkdtemp(prefix="dispatchtx-bench.", dir=directory)
-    # The stores "in memory" live where a user would put one: on tmpfs.
-    memory_dir, memory_fs = memory_directory(base)
-    results["memory_store"] = {"directory": memory_dir, "filesystem": memory_fs}
+    memory_dir: str | None = None
     try:
+        # The stores "in memory" live where a user would put one: on tmpfs.
+        memory_dir, memory_fs = memory_directory(base)
+        results["memory_store"] = {"directory": memory_dir, "filesystem": memory_fs}
         if "core" in sections:
             progress("1. core")
             figures["core"] = core_run(
@@ -79,7 +80,8 @@ def run(
         results["mpiexec_jobs"] = runner.jobs
         results["mpiexec_job_seconds"] = runner.job_seconds
     finally:
-        shutil.rmtree(memory_dir, ignore_errors=True)
+        if memory_dir is not None:
+            shutil.rmtree(memory_dir, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
     results["load_average_at_end"] = os.getloadavg()
     results["targets"] = targets(figures)

@@ -93,7 +93,8 @@ def print_table(results: dict[str, Any]) -> None:
         if real_fs is not None:
             print(
                 f"{real_fs['workers']:>10,}{_span(real_fs['us_per_item']):>28}"
-                "   <- the same, store and journal through RealFS on tmpfs"
+                f"   <- the same, store and journal through RealFS on "
+                f"{real_fs.get('filesystem', 'tmpfs')}"
             )
         for note in scaling["notes"]:
             print(f"  note: {note}")
@@ -133,8 +134,11 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{_x(row['dispatchtx_over_raw']):>9}{_x(row.get('dispatchtx_over_raw_best')):>9}"
                 f"{_x(row['dispatchtx_over_futures']):>12}"
             )
-            for system in ("dispatchtx", "raw", "futures"):
-                for error in dict.fromkeys(row[system]["errors"]):
+            systems = {"dispatchtx": row["dispatchtx"], "futures": row["futures"]}
+            for policy, figure in row.get("raw_by_policy", {"backoff": row["raw"]}).items():
+                systems[f"raw ({policy})"] = figure
+            for system, figure in systems.items():
+                for error in dict.fromkeys(figure.get("errors", [])):
                     print(f"  {system} at {row['ranks']} ranks failed: {error[:300]}")
         for note in mpi["notes"]:
             print(f"  note: {note}")

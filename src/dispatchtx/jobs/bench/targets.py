@@ -47,14 +47,15 @@ def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
             us = real_fs["us_per_item"]["median"]
             found.append(
                 _target(
-                    f"coordinator <= 60 us per committed item, store through RealFS on tmpfs, "
-                    f"{real_fs['workers']:,} simulated workers",
+                    f"coordinator <= 60 us per committed item, store through RealFS on "
+                    f"{real_fs.get('filesystem', 'tmpfs')}, {real_fs['workers']:,} simulated "
+                    "workers",
                     f"{us:.0f} us",
                     us <= 60,
                 )
             )
     mpi = figures.get("mpi")
-    if mpi is not None:
+    if mpi is not None and mpi["rows"]:
         rows = mpi["rows"]
         deepest = max(row["max_in_flight"] for row in rows)
         for label, key, threshold, chosen in (

@@ -36,7 +36,12 @@ SHORTEST_LAST_INTERVAL = 0.5
 def fault_intervals(progress: Sequence[tuple[float, int, int]]) -> list[tuple[float, float, float]]:
     """(start, width, faults per second) of each interval between two
     progress samples (seconds, results, faults so far)."""
-    points = [(t, f) for t, _, f in progress]
+    points: list[tuple[float, int]] = []
+    for t, _, f in progress:
+        if points and t <= points[-1][0]:
+            points[-1] = (points[-1][0], f)  # the same moment: its last count
+        else:
+            points.append((t, f))
     if len(points) >= 3 and points[-1][0] - points[-2][0] < SHORTEST_LAST_INTERVAL:
         del points[-2]
     return [
