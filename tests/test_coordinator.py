@@ -4,9 +4,10 @@ simulated disk: the normal flow and each fault point (docs/design.md)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -608,16 +609,43 @@ def test_orphans_are_looked_for_only_for_a_workload_that_adopts() -> None:
     peer.shutdown()
 
 
-class AcceptingHashWorkload(HashWorkload):
-    """Adopts every unsettled item it is offered (into its own queue)."""
-
-    def __init__(self, items: int) -> None:
-        super().__init__(items)
-        self.offered: list[str] = []
+class AcceptingHashWorkload(AdoptingHashWorkload):
+    """Adopts every unsettled item it is offered that is not its own."""
 
     def adopt(self, work_id: str) -> bool:
-        self.offered.append(work_id)
+        super().adopt(work_id)
         return work_id not in self.items
+
+
+def idle_adopting_coordinator(world: World) -> tuple[Coordinator, AcceptingHashWorkload]:
+    """A coordinator over `world` whose workload adopts, once its own items are done."""
+    adopting = AcceptingHashWorkload(2)
+    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
+    while not coordinator.idle:
+        coordinator.step()
+    return coordinator, adopting
+
+
+def hide_first_record(world: World, work_id: str, misses: float = math.inf) -> Callable[[], None]:
+    """Reads of the item's first record miss, `misses` times (a negative
+    look-up cached before it landed); returns what shows it again."""
+    first_record = f"{ROOT}/items/{item_key(work_id)}/s.0000000000"
+    left = misses
+    read = world.fs.read
+
+    def cached_miss(path: str) -> bytes:
+        nonlocal left
+        if path == first_record and left > 0:
+            left -= 1
+            raise FileNotFoundError(path)
+        return read(path)
+
+    def show() -> None:
+        nonlocal left
+        left = 0
+
+    world.fs.read = cached_miss  # type: ignore[method-assign]
+    return show
 
 
 def test_an_orphan_whose_first_record_is_not_seen_yet_is_looked_at_again() -> None:
@@ -625,18 +653,7 @@ def test_an_orphan_whose_first_record_is_not_seen_yet_is_looked_at_again() -> No
     peer_store = world.store()
     peer_store.register("coord-b")
     assert peer_store.claim("orphan") is not None  # a peer's claim; the peer is gone
-    first_record = f"{ROOT}/items/{item_key('orphan')}/s.0000000000"
-    misses = 3
-    read = world.fs.read
-
-    def cached_miss(path: str) -> bytes:
-        nonlocal misses
-        if path == first_record and misses:
-            misses -= 1  # a negative look-up cached from before it landed
-            raise FileNotFoundError(path)
-        return read(path)
-
-    world.fs.read = cached_miss  # type: ignore[method-assign]
+    hide_first_record(world, "orphan", misses=3)
     adopting = AcceptingHashWorkload(2)
     coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
     for _ in range(3):
@@ -650,10 +667,7 @@ def test_an_orphan_whose_first_record_is_not_seen_yet_is_looked_at_again() -> No
 
 def test_a_directory_whose_first_record_never_landed_is_given_up_after_its_looks() -> None:
     world = make_world(items=2)
-    adopting = AcceptingHashWorkload(2)
-    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
-    while not coordinator.idle:
-        coordinator.step()
+    coordinator, adopting = idle_adopting_coordinator(world)
     # Its creator died between the directory and its first record.
     world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
     started = world.transport.now()
@@ -673,10 +687,7 @@ def test_a_directory_whose_first_record_never_landed_is_given_up_after_its_looks
 
 def test_errors_that_hit_another_item_each_look_do_not_keep_the_run_going() -> None:
     world = make_world(items=2)
-    adopting = AcceptingHashWorkload(2)
-    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
-    while not coordinator.idle:
-        coordinator.step()
+    coordinator, _ = idle_adopting_coordinator(world)
     looks = 0
 
     def flickering_survey() -> Survey:
@@ -699,10 +710,7 @@ def test_errors_that_hit_another_item_each_look_do_not_keep_the_run_going() -> N
 
 def test_the_wait_for_unread_items_ends_on_a_clock_that_does_not_move() -> None:
     world = make_world(items=2)
-    adopting = AcceptingHashWorkload(2)
-    coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
-    while not coordinator.idle:
-        coordinator.step()
+    coordinator, _ = idle_adopting_coordinator(world)
     world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
     looks = 0
     while coordinator.adopt_orphans():  # no step(): the simulated clock stands still
@@ -718,23 +726,14 @@ def test_an_item_given_up_is_still_adopted_once_a_survey_reads_it() -> None:
     peer_store = world.store()
     peer_store.register("coord-b")
     assert peer_store.claim("late") is not None
-    first_record = f"{ROOT}/items/{item_key('late')}/s.0000000000"
-    hidden = True
-    read = world.fs.read
-
-    def hiding(path: str) -> bytes:
-        if hidden and path == first_record:
-            raise FileNotFoundError(path)
-        return read(path)
-
-    world.fs.read = hiding  # type: ignore[method-assign]
+    show = hide_first_record(world, "late")
     adopting = AcceptingHashWorkload(2)
     coordinator = World(world.transport, world.fs, adopting, world.clock).coordinator()
     while coordinator.adopt_orphans():
         coordinator.step()
     assert coordinator.stats[Stat.ORPHAN_LOOKS_GIVEN_UP] == 1
     assert "late" not in adopting.offered
-    hidden = False
+    show()
     assert coordinator.adopt_orphans() is True
     assert "late" in adopting.offered
     coordinator.shutdown()

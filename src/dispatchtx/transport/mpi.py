@@ -127,7 +127,7 @@ class MPITransport:
         _check_timeout(stop_timeout)
         if type(max_result_bytes) is not int or max_result_bytes < 1:
             raise ValueError(f"max_result_bytes must be an int >= 1, not {max_result_bytes!r}")
-        Backoff(spin)  # checks it
+        backoff = Backoff(spin)  # checks `spin` before any MPI call
         if comm.Get_rank() != 0:
             raise ValueError("MPITransport runs on rank 0, the coordinator; workers run run_worker")
         if comm.Get_size() < 2:
@@ -141,10 +141,9 @@ class MPITransport:
         self._stop_timeout = stop_timeout
         self._max_batch = max_batch
         self._max_result_bytes = max_result_bytes
-        self._spin = spin
         # One policy across calls: an idle coordinator that polls again and
         # again stays backed off; a message sent or received spins it again.
-        self._backoff = Backoff(spin)
+        self._backoff = backoff
         self._truncate_error: int = MPI.ERR_TRUNCATE
         self._mpi_error: type[MPI.Exception] = MPI.Exception
         self._byte = MPI.BYTE
@@ -336,7 +335,7 @@ class MPITransport:
             except self._mpi_error:
                 self._stats["stop_failed"] += 1
         deadline = time.monotonic() + self._stop_timeout
-        backoff = Backoff(self._spin)
+        backoff = Backoff(self._backoff.spin)
         while pending and time.monotonic() < deadline:
             pending = [pair for pair in pending if not _finished(pair[0])]
             if pending:
