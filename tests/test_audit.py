@@ -88,7 +88,7 @@ def test_an_item_no_one_can_read_fails_the_audit_without_crashing_it() -> None:
         assert shared.try_claim(work_id).token == 1
     key = item_key("item-0")
     shared_fs = shared._fs
-    shared_fs.pwrite(f"/store/items/{key}/s.0000000001", 0, b"rotted\n")
+    shared_fs.pwrite(f"/store/slots/{key}.s.0000000001", 0, b"rotted\n")
     reader = WorkStore(shared_fs, "/store", SimulatedClock(), ttl=5.0)  # nothing cached
     coordinator = Coordinator(
         CoordinatorConfig("coord-b"), SimulatedTransport(1, hash_task), store(), HashWorkload(0)

@@ -127,7 +127,7 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: st
     def hook(op: Op, path: str) -> Fault | None:
         # Fail every directory fsync at the end of the first batch of `group`
         # until the store gives up on it (OutcomeUnknown); then the disk heals.
-        if op is Op.FSYNC_DIR and "/items/" in path and failing["left"] > 0:
+        if op is Op.FSYNC_DIR and "/slots" in path and failing["left"] > 0:
             failing["left"] -= 1
             return Fault(FaultKind.EIO)
         return None
@@ -163,7 +163,7 @@ def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds()
     world = make_world(workers=2, items=2)
     world.fs.fault = DiskFaultPlan(
         *(
-            FaultRule(Fault(FaultKind.EIO), op=Op.LISTDIR, path_contains="/items", nth=n)
+            FaultRule(Fault(FaultKind.EIO), op=Op.LISTDIR, path_contains="/slots", nth=n)
             for n in range(3)
         )
     )
@@ -208,7 +208,7 @@ def test_a_corrupt_item_does_not_hold_up_the_first_look() -> None:
     other = world.store()
     other.register("coord-b")
     assert other.claim("elsewhere") == 1
-    slot = f"{ROOT}/items/{item_key('elsewhere')}/s.0000000001"
+    slot = f"{ROOT}/slots/{item_key('elsewhere')}.s.0000000001"
     world.fs.pwrite(slot, 0, b"not a record at all\n")
     coordinator = world.coordinator()
     coordinator.run(max_steps=10_000)
@@ -533,7 +533,7 @@ def test_a_result_for_an_item_whose_chain_turned_corrupt_is_counted_and_dropped(
     ((txn_id, tag),) = [(txn.id, txn.tag) for txn in coordinator.tables.in_flight()]
     # Its claim slot rots before the result comes back; a fresh look must see it.
     world.fs.pwrite(
-        f"{ROOT}/items/{item_key(tag.work_id)}/s.{tag.token:010d}", 0, b"rotted record\n"
+        f"{ROOT}/slots/{item_key(tag.work_id)}.s.{tag.token:010d}", 0, b"rotted record\n"
     )
     coordinator.store._chains.clear()
     coordinator.run(max_steps=20_000)  # step() never raises; the run ends
@@ -629,7 +629,7 @@ def idle_adopting_coordinator(world: World) -> tuple[Coordinator, AcceptingHashW
 def hide_first_record(world: World, work_id: str, misses: float = math.inf) -> Callable[[], None]:
     """Reads of the item's first record miss, `misses` times (a negative
     look-up cached before it landed); returns what shows it again."""
-    first_record = f"{ROOT}/items/{item_key(work_id)}/s.0000000000"
+    first_record = f"{ROOT}/slots/{item_key(work_id)}.s.0000000000"
     left = misses
     read = world.fs.read
 
@@ -665,11 +665,17 @@ def test_an_orphan_whose_first_record_is_not_seen_yet_is_looked_at_again() -> No
     coordinator.shutdown()
 
 
-def test_a_directory_whose_first_record_never_landed_is_given_up_after_its_looks() -> None:
+def plant_a_slot_without_its_first_record(world: World, work_id: str) -> None:
+    """A slot name whose item's first record is never seen (a first record
+    lost, or a name put there by something else)."""
+    world.fs.mkdir(f"{ROOT}/slots")
+    world.fs.pwrite(f"{ROOT}/slots/{item_key(work_id)}.s.0000000001", 0, b"junk\n")
+
+
+def test_an_item_whose_first_record_is_never_seen_is_given_up_after_its_looks() -> None:
     world = make_world(items=2)
     coordinator, adopting = idle_adopting_coordinator(world)
-    # Its creator died between the directory and its first record.
-    world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
+    plant_a_slot_without_its_first_record(world, "never-landed")
     started = world.transport.now()
     looks = 0
     while coordinator.adopt_orphans():
@@ -711,7 +717,7 @@ def test_errors_that_hit_another_item_each_look_do_not_keep_the_run_going() -> N
 def test_the_wait_for_unread_items_ends_on_a_clock_that_does_not_move() -> None:
     world = make_world(items=2)
     coordinator, _ = idle_adopting_coordinator(world)
-    world.fs.mkdir(f"{ROOT}/items/{item_key('never-landed')}")
+    plant_a_slot_without_its_first_record(world, "never-landed")
     looks = 0
     while coordinator.adopt_orphans():  # no step(): the simulated clock stands still
         looks += 1

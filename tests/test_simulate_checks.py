@@ -393,9 +393,9 @@ def test_a_claim_decided_from_an_absent_read_back_is_caught(
             try:
                 return read()
             except FileNotFoundError:  # the planted bug: the slot must hold what we wrote
-                if "/items/" not in path:
+                if "/slots/" not in path:
                     return nonce
-                key, slot = path.split("/")[-2], int(path.rsplit(".", 1)[1])
+                key, slot = path.split("/")[-1].split(".")[0], int(path.rsplit(".", 1)[1])
                 return Record.decode(data, path, key, slot)
 
         return real(self, action, path, directory, data, nonce, read_taking_absent_for_ours)

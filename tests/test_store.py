@@ -95,7 +95,7 @@ def make_store(
 
 
 def slot_path(work_id: str, slot: int, root: str = ROOT) -> str:
-    return f"{root}/items/{item_key(work_id)}/s.{slot:010d}"
+    return f"{root}/slots/{item_key(work_id)}.s.{slot:010d}"
 
 
 def read_record(fs: Any, work_id: str, slot: int, root: str = ROOT) -> Record:
@@ -341,11 +341,11 @@ def test_the_heartbeat_file_exists_before_the_claim_is_visible(
     store = make_store(fs, clock, "holder")
     fs.log = []
     assert store.claim(WORK) == 1
-    ops = [(call.op, call.path.rsplit("/", 1)[-1]) for call in fs.log]
-    heartbeat = ops.index((Op.PWRITE, "hb.0000000001"))
-    link = ops.index((Op.LINK, "s.0000000001"))
+    ops = [(call.op, call.path.rsplit(".", 2)[-2:]) for call in fs.log]
+    heartbeat = ops.index((Op.PWRITE, ["hb", "0000000001"]))
+    link = ops.index((Op.LINK, ["s", "0000000001"]))
     assert heartbeat < link  # no watcher can cache "absent" for a live holder's counter
-    assert fs.durable_exists(f"{ROOT}/items/{item_key(WORK)}/hb.0000000001")
+    assert fs.durable_exists(f"{ROOT}/slots/{item_key(WORK)}.hb.0000000001")
 
 
 def test_a_claim_that_ends_takes_its_heartbeat_file_with_it(
@@ -353,10 +353,9 @@ def test_a_claim_that_ends_takes_its_heartbeat_file_with_it(
 ) -> None:
     holder = make_store(fs, clock, "holder")
     claimer = make_store(fs, clock, "claimer")
-    item_dir = f"{ROOT}/items/{item_key(WORK)}"
 
     def counters() -> list[str]:
-        return [name for name in fs.listdir(item_dir) if name.startswith("hb.")]
+        return _counters(fs)
 
     assert holder.claim(WORK) == 1 and counters() == ["hb.0000000001"]
     assert holder.abandon(WORK, 1) is AbandonOutcome.ABANDONED
@@ -535,17 +534,18 @@ def test_a_batch_fsyncs_each_directory_once_at_its_end(
     assert tokens == [1, 1, 1]
     fs.log = []
 
-    def item_fsyncs() -> list[str]:
+    def slot_fsyncs() -> list[str]:
         assert fs.log is not None
-        return [call.path for call in fs.log if call.op is Op.FSYNC_DIR and "/items/" in call.path]
+        return [call.path for call in fs.log if call.op is Op.FSYNC_DIR and "/slots" in call.path]
 
     with store.batch():
         for work in works:
             assert store.begin_commit(work, 1, RESULT) is CommitOutcome.COMMITTED
             # Decided (linked), not yet durable: nothing may act on it yet.
             assert fs.exists(slot_path(work, 2)) and not fs.durable_exists(slot_path(work, 2))
-        assert item_fsyncs() == []
-    assert sorted(item_fsyncs()) == sorted(f"{ROOT}/items/{item_key(work)}" for work in works)
+        assert slot_fsyncs() == []
+    # Every item's slots share one directory: the batch fsyncs it once.
+    assert slot_fsyncs() == [f"{ROOT}/slots"]
     assert all(fs.durable_exists(slot_path(work, 2)) for work in works)
     # The cached chains were current: no slot was read (the one shared result
     # object is read back once per later put, to verify what is at its name).
@@ -562,7 +562,7 @@ def test_a_power_loss_inside_a_batch_loses_what_it_published(
 ) -> None:
     store = make_store(fs, clock, "coord")
     fs.fault = DiskFaultPlan(
-        FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains=item_key(WORK))
+        FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains="/slots")
     )
     with pytest.raises(SimulatedCrash), store.batch():
         assert store.claim(WORK) == 1
@@ -580,7 +580,7 @@ def test_a_failed_batch_fsync_leaves_the_commit_to_be_settled_by_a_retry(
     token = store.claim(WORK)
     assert token is not None
     fs.fault = DiskFaultPlan(
-        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items")
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="/slots")
     )
     with pytest.raises(OutcomeUnknown), store.batch():
         assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
@@ -596,7 +596,7 @@ def test_after_a_failed_batch_the_next_fsync_of_its_directory_settles_it(
 ) -> None:
     store = make_store(fs, clock, "coord")
     fs.fault = DiskFaultPlan(
-        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="items/")
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="/slots")
     )
     with pytest.raises(OutcomeUnknown), store.batch():
         assert store.claim(WORK) == 1  # slot 0 and the claim, neither durable
@@ -839,7 +839,7 @@ def test_a_lost_reply_on_the_simulated_disk_too(fs: SimulatedFS, clock: Simulate
 
 def test_eio_on_link_is_retried(fs: SimulatedFS, clock: SimulatedClock) -> None:
     store = make_store(fs, clock, "coord")
-    plan = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0, path_contains="/s."))
+    plan = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.LINK, nth=0, path_contains=".s."))
     fs.fault = plan
     assert store.claim(WORK) == 1
     assert len(plan.fired) == 1
@@ -858,9 +858,10 @@ def test_an_unknown_commit_outcome_is_resolved_by_a_later_call(
     store = make_store(fs, clock, "coord")
     token = store.claim(WORK)
     assert token is not None
-    key = item_key(WORK)
     # The link lands, but the directory never becomes durable: unknown.
-    fs.fault = DiskFaultPlan(FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains=key))
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="/slots")
+    )
     with pytest.raises(OutcomeUnknown, match="begin_commit"):
         store.begin_commit(WORK, token, RESULT)
     assert not fs.durable_exists(slot_path(WORK, 2))
@@ -887,9 +888,9 @@ def test_an_unknown_claim_outcome_is_resolved_by_a_later_claim(
     assert store.claim(WORK) == 1
     # A fsync failure after a landed link: the claim is reported only once durable.
     fs.fault = DiskFaultPlan(
-        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains=item_key("other"), nth=1)
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="/slots", nth=1)
     )
-    # nth=0 is the directory of slot 0; nth=1 the claim's fsync: retried, then fine.
+    # nth=0 is the fsync of slot 0; nth=1 the claim's fsync: retried, then fine.
     assert store.claim("other") == 1
     assert fs.durable_exists(slot_path("other", 1))
 
@@ -1173,13 +1174,16 @@ def test_hostile_work_ids_never_become_paths(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == [
         "committing",
         "incarnations",
-        "items",
         "objects",
+        "slots",
         "tmp",
     ]
     assert list((root / "committing").iterdir()) == []  # every mark went with its `done`
-    item_dirs = sorted(p.name for p in (root / "items").iterdir())
-    assert item_dirs == sorted(item_key(w) for w in HOSTILE_WORK_IDS)
+    # Four slots per item (first record, claim, commit, done), named by its key.
+    slot_names = sorted(p.name for p in (root / "slots").iterdir())
+    assert slot_names == sorted(
+        f"{item_key(w)}.s.{slot:010d}" for w in HOSTILE_WORK_IDS for slot in range(4)
+    )
     for path in _all_files(root):
         assert path.resolve().is_relative_to(root.resolve())
     assert {state.work_id for state in other.items()} == set(HOSTILE_WORK_IDS)
@@ -1541,7 +1545,7 @@ def test_a_stale_absent_heartbeat_read_does_not_restart_the_watch(
     assert holder.claim(WORK) == 1
     assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # the watch starts
     fs.fault = DiskFaultPlan(
-        FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains="/hb.")
+        FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains=".hb.")
     )
     clock.advance(EXPIRY / 2)
     assert claimer.try_claim(WORK).outcome is ClaimOutcome.BUSY  # reads "absent": no beat
@@ -1648,6 +1652,51 @@ def test_a_missing_first_slot_does_not_hold_up_the_other_roll_forwards(
     assert recoverer.set_aside == []
 
 
+def test_a_first_record_and_a_mark_both_read_as_absent_for_a_while_are_read_again(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    _three_stalled_commits(fs, clock)
+    recoverer = make_store(fs, clock, "fresh")  # nothing cached: it reads both names
+    key = item_key("bad")
+    # A cached negative look-up of both names, for three reads each: a
+    # stale "absent" is no proof, so the item is neither skipped nor set aside.
+    plan = DiskFaultPlan(
+        *(
+            FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains=name, nth=n)
+            for name in (f"{key}.s.0000000000", f"committing/{key}")
+            for n in range(3)
+        )
+    )
+    fs.fault = plan
+    assert recoverer.roll_forward_candidates() == []  # the first look starts the watch
+    fs.fault = None
+    assert len(plan.fired) == 6
+    assert recoverer.set_aside == []
+    clock.advance(EXPIRY + TTL)
+    candidates = recoverer.roll_forward_candidates()
+    assert sorted(c.work_id for c in candidates) == ["bad", "good-1", "good-2"]
+
+
+def test_a_marked_item_whose_names_stay_absent_is_set_aside_after_its_reads(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    _three_stalled_commits(fs, clock)
+    recoverer = make_store(fs, clock, "fresh")  # nothing cached: it reads both names
+    key = item_key("bad")
+    plan = DiskFaultPlan(
+        *(
+            FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains=name)
+            for name in (f"{key}.s.0000000000", f"committing/{key}")
+        )
+    )
+    fs.fault = plan
+    assert recoverer.roll_forward_candidates() == []  # the first look starts the watch
+    fs.fault = None
+    (aside,) = recoverer.set_aside
+    assert aside.key == key and "missing" in aside.reason
+    assert len(plan.fired) >= 2 * 20  # both names read at every one of its attempts
+
+
 def test_a_marked_item_that_cannot_be_identified_is_set_aside_not_skipped(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:
@@ -1713,8 +1762,12 @@ def test_a_work_id_limit_past_what_a_record_holds_is_refused(
 
 
 def _counters(fs: SimulatedFS, work_id: str = WORK) -> list[str]:
-    item_dir = f"{ROOT}/items/{item_key(work_id)}"
-    return sorted(name for name in fs.listdir(item_dir) if name.startswith("hb."))
+    """The heartbeat counters of `work_id`, by their names after the key."""
+    prefix = f"{item_key(work_id)}."
+    if not fs.exists(f"{ROOT}/slots"):
+        return []
+    names = fs.listdir(f"{ROOT}/slots")
+    return sorted(name.removeprefix(prefix) for name in names if name.startswith(prefix + "hb."))
 
 
 def test_a_claim_that_loses_its_slot_to_an_abandon_leaves_no_counter(
@@ -1727,7 +1780,7 @@ def test_a_claim_that_loses_its_slot_to_an_abandon_leaves_no_counter(
 
     def abandon_first(op: Op, path: str) -> None:
         # The holder abandons between the claimer's counter and its link.
-        if op is Op.LINK and path.endswith("/s.0000000002"):
+        if op is Op.LINK and path.endswith(".s.0000000002"):
             fs.fault = None
             assert holder.abandon(WORK, 1) is AbandonOutcome.ABANDONED
 
@@ -1746,7 +1799,7 @@ def test_a_beat_racing_a_takeover_does_not_bring_its_counter_back(
 
     def take_over_first(op: Op, path: str) -> None:
         # The holder has read its chain; the takeover lands before its write.
-        if op is Op.PWRITE and path.endswith("/hb.0000000001"):
+        if op is Op.PWRITE and path.endswith(".hb.0000000001"):
             fs.fault = None
             assert claimer.claim(WORK, now=EXPIRY) == 2
 
@@ -1760,6 +1813,19 @@ def test_a_lost_counter_of_a_live_claim_is_written_again(
 ) -> None:
     holder = make_store(fs, clock, "holder")
     assert holder.claim(WORK) == 1
-    fs.unlink(f"{ROOT}/items/{item_key(WORK)}/hb.0000000001")  # as a power loss may
+    fs.unlink(f"{ROOT}/slots/{item_key(WORK)}.hb.0000000001")  # as a power loss may
     assert holder.heartbeat(WORK, 1)
     assert _counters(fs) == ["hb.0000000001"]
+
+
+def test_a_store_of_the_older_per_item_layout_is_refused_and_left_as_it_was(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    fs.mkdir(f"{ROOT}/items/{item_key(WORK)}")
+    fs.pwrite(f"{ROOT}/items/{item_key(WORK)}/s.0000000001", 0, b"an old claim\n")
+    store = WorkStore(fs, ROOT, clock, ttl=TTL)
+    with pytest.raises(StoreError, match="older per-item layout"):
+        store.register("coord")
+    assert store.owner is None
+    assert not fs.exists(f"{ROOT}/incarnations")  # nothing written beside it
+    assert fs.read(f"{ROOT}/items/{item_key(WORK)}/s.0000000001") == b"an old claim\n"

@@ -100,6 +100,7 @@ class WorkStore(SlotChains):
         if self._owner is not None:
             raise StoreError(f"this WorkStore is already registered as {self._owner}")
         coordinator_id = validate_coordinator_id(coordinator_id)
+        self._refuse_old_layout()
         self._ensure_dir(self._incarnations)
         try:
             names = self._fs.listdir(self._incarnations)
@@ -140,6 +141,22 @@ class WorkStore(SlotChains):
                 self._owner = owner
                 return incarnation
             incarnation += 1
+
+    def _refuse_old_layout(self) -> None:
+        """A store made by dispatchtx 0.x before the shared slot directory
+        (one directory per item under `items/`) is not read: its claims would
+        be invisible here, so two layouts on one store could both claim."""
+        old = os.path.join(self._root, "items")
+        try:
+            found = self._fs.exists(old)
+        except OSError as error:
+            raise StoreIOError("looking for an older store layout", old, error) from error
+        if found:
+            raise StoreError(
+                f"{self._root!r} holds a store of the older per-item layout ({old!r}); "
+                "this dispatchtx keeps every slot in one `slots/` directory: let the "
+                "old store's runs finish and start a new store directory"
+            )
 
     def incarnations(self, coordinator_id: str) -> list[int]:
         """The incarnations of `coordinator_id` registered so far (a listing:
@@ -305,6 +322,8 @@ class WorkStore(SlotChains):
         body = f"{token:010d} {count:016d} {self._session}".encode("ascii")
         data = body + b" " + hashlib.sha256(body).hexdigest()[:16].encode("ascii") + b"\n"
         path = self._heartbeat_path(key, token)
+        if create:
+            self._ensure_dir(self._slots)
         try:
             # Fixed length: each write replaces the last. Not fsynced: the
             # counter is advisory, and readers see it without (the page cache
@@ -524,7 +543,7 @@ class WorkStore(SlotChains):
             if key in self._set_aside:
                 continue  # reported once; it must not hold up the others
             try:
-                work_id = self._work_id_of(key) or self._work_id_of_mark(key)
+                work_id = self._work_id_of_marked(key)
                 state = self._state(key, work_id, self._load(key, work_id, create=False))
             except CorruptRecord as error:
                 self._set_aside[key] = SetAside(key, self._work_ids.get(key), str(error))
@@ -538,15 +557,30 @@ class WorkStore(SlotChains):
                 self._unmark_committing(key)
         return states
 
-    def _work_id_of_mark(self, key: str) -> str:
-        """An item marked "maybe committing" whose first record is gone: the
-        mark is a second name of that record, so the work id is read there.
-        CorruptRecord if that cannot be done either."""
+    def _work_id_of_marked(self, key: str) -> str:
+        """The work id of an item marked "maybe committing": from its first
+        record, else from its mark. Both reads may say "absent" without it
+        being so (a cached negative look-up), so they are tried again, with
+        a pause, before the item is taken for corrupt."""
+        for attempt in range(self._attempts):
+            if attempt:
+                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+            work_id = self._work_id_of(key) or self._work_id_of_mark(key)
+            if work_id is not None:
+                return work_id
+        path = f"{self._committing}/{key}"
+        raise CorruptRecord(path, "its first record is missing, and so is its mark")
+
+    def _work_id_of_mark(self, key: str) -> str | None:
+        """An item marked "maybe committing" whose first record reads as
+        absent: the mark is a second name of that record, so the work id is
+        read there. None if the mark reads as absent too; CorruptRecord if it
+        is foreign."""
         path = f"{self._committing}/{key}"
         try:
             first = Record.decode(self._fs.read(path), path, key, 0)
         except FileNotFoundError:
-            raise CorruptRecord(path, "its first record is missing, and so is its mark") from None
+            return None
         except OSError as error:
             raise StoreIOError("reading a committing mark", path, error) from error
         work_id = first.work_id

@@ -28,6 +28,7 @@ from dispatchtx.store.objects import ObjectStore
 from dispatchtx.store.records import (
     _HEARTBEAT_PREFIX,
     _KEY,
+    _SLOT_NAME,
     _SLOT_PREFIX,
     DEFAULT_MAX_WORK_ID_BYTES,
     DEFAULT_QUARANTINE_AFTER,
@@ -102,7 +103,7 @@ class SlotChains:
         self._max_work_id_bytes = max_work_id_bytes
         self._attempts = publish_attempts
         self._pause = retry_pause
-        self._items = os.path.join(root, "items")
+        self._slots = os.path.join(root, "slots")
         self._incarnations = os.path.join(root, "incarnations")
         self._tmp = os.path.join(root, "tmp")
         self._committing = os.path.join(root, "committing")
@@ -233,8 +234,7 @@ class SlotChains:
             first = self._read_first(key)
             if first is None and create:
                 owner = self._require_owner("claim")
-                self._ensure_dir(self._items)
-                self._ensure_dir(self._item_dir(key))
+                self._ensure_dir(self._slots)
                 record = self._record(key, 0, Change.ITEM, 0, owner, work_id=work_id)
                 published = self._publish(key, record, "create item")
                 first = published.record
@@ -349,14 +349,21 @@ class SlotChains:
         self._work_ids[key] = work_id
         return work_id
 
-    def _item_keys(self) -> Iterator[str]:
+    def _item_keys(self) -> list[str]:
+        """The keys of every item with a slot in the listing, in key order
+        (a name that is not `<key>.<slot>` is not ours and is passed over)."""
         try:
-            names = self._fs.listdir(self._items)
+            names = self._fs.listdir(self._slots)
         except FileNotFoundError:
-            return
+            return []
         except OSError as error:
-            raise StoreIOError("listing items", self._items, error) from error
-        yield from (name for name in names if _KEY.fullmatch(name) is not None)
+            raise StoreIOError("listing slots", self._slots, error) from error
+        keys = set()
+        for name in names:
+            key, dot, slot = name.partition(".")
+            if dot and _KEY.fullmatch(key) is not None and _SLOT_NAME.fullmatch(slot):
+                keys.add(key)
+        return sorted(keys)
 
     # -- publishing ------------------------------------------------------------------
 
@@ -381,7 +388,7 @@ class SlotChains:
         ours, holder = self._link_publish(
             action,
             path,
-            self._item_dir(key),
+            self._slots,
             record.encode(),
             record.nonce,
             lambda: self._read_slot(key, record.slot),
@@ -478,7 +485,7 @@ class SlotChains:
     def _settle(self, key: str, record: Record, action: str) -> None:
         """Our earlier ambiguous publication turned up: make it durable before
         anyone acts on it, then forget that it was pending."""
-        error = self._fsync_dir_retried(self._item_dir(key))
+        error = self._fsync_dir_retried(self._slots)
         if error is not None:
             raise OutcomeUnknown(action, self._slot_path(key, record.slot), error)
         self._pending.discard(record.nonce)
@@ -540,15 +547,16 @@ class SlotChains:
             raise NotRegistered(action)
         return self._owner
 
-    # Plain concatenation: `_items` never ends in "/" and a key is 64 hex digits.
-    def _item_dir(self, key: str) -> str:
-        return f"{self._items}/{key}"
-
+    # Plain concatenation: the directories never end in "/" and a key is 64
+    # hex digits. Every item's slots share one directory, so a batch of
+    # publications costs one directory fsync, not one per item.
     def _slot_path(self, key: str, slot: int) -> str:
-        return f"{self._items}/{key}/{_SLOT_PREFIX}{slot:010d}"
+        return f"{self._slots}/{key}.{_SLOT_PREFIX}{slot:010d}"
 
     def _heartbeat_path(self, key: str, token: int) -> str:
-        return f"{self._items}/{key}/{_HEARTBEAT_PREFIX}{token:010d}"
+        # Beside the slots: the fsync that makes a claim durable covers its
+        # counter's name too.
+        return f"{self._slots}/{key}.{_HEARTBEAT_PREFIX}{token:010d}"
 
     def _ensure_dir(self, directory: str) -> None:
         """mkdir once per store, made durable by an fsync of the parent."""

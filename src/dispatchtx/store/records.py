@@ -57,6 +57,8 @@ _NONCE: Final = re.compile(r"[0-9a-f]{32}")
 _KEY: Final = re.compile(r"[0-9a-f]{64}")
 _SLOT_PREFIX: Final = "s."
 _HEARTBEAT_PREFIX: Final = "hb."
+# What follows `<key>.` in a slot's name.
+_SLOT_NAME: Final = re.compile(r"s\.[0-9]{10}")
 _RECORD_MAGIC: Final = b"dtx-record-1"
 _RECORD_VERSION: Final = 1
 # A record holds at most one work id; JSON escaping can grow it sixfold.
@@ -390,7 +392,7 @@ class ItemState:
     """What the chain says about one item."""
 
     work_id: str
-    key: str  # sha256 of the work id: the item's directory name
+    key: str  # sha256 of the work id: the start of its slots' names
     status: ItemStatus
     head_slot: int  # 0 when FREE
     token: int | None  # the claim the head is about (CLAIMED, ABANDONED, COMMITTING, DONE)
