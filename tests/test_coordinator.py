@@ -179,23 +179,25 @@ def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds()
 def test_an_error_in_one_fence_of_a_group_leaves_the_others_carried_on() -> None:
     world = make_world(workers=4, items=4)
     coordinator = world.coordinator(commit_batch=1024)
-    real_fence = coordinator._fence
+    real_check = coordinator._check_result
     calls = {"n": 0, "failed": 0}
 
-    def fence(worker: int, message: Any) -> Any:
+    def check_result(worker: int, message: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:  # the second result of the first group
             calls["failed"] += 1
             raise RuntimeError("injected: a corrupt record")
-        return real_fence(worker, message)
+        return real_check(worker, message)
 
-    coordinator._fence = fence  # type: ignore[method-assign]
+    coordinator._check_result = check_result  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="injected"):
         for _ in range(1000):
             coordinator.step()
     assert calls["failed"] == 1
-    # The result fenced before the error was carried on: committed, not left ACTIVE.
-    assert coordinator.stats["committed"] == 1
+    # Every other result of the group (before the error and after it) was
+    # carried on: committed, not left ACTIVE.
+    assert calls["n"] > 2
+    assert coordinator.stats["committed"] == calls["n"] - 1
     for txn in coordinator.tables.in_flight():
         if txn.phase.name == "ACTIVE":  # only ever a dispatch whose item is still just claimed
             assert coordinator.store.read(txn.tag.work_id).status is ItemStatus.CLAIMED
@@ -559,16 +561,18 @@ def test_one_unreadable_committed_item_does_not_stop_roll_forward_of_the_others(
     committing = [s for s in world.store().items() if s.status is ItemStatus.COMMITTING]
     assert len(committing) == 3
     bad = committing[0]
-    assert bad.object_id is not None
-    objects = world.store().objects
-    world.fs.pwrite(objects.path_of(bad.object_id), 0, b"rotted")
+    assert bad.token is not None
+    # Its result rides in its commit record: rot that record.
+    commit_slot = f"{ROOT}/slots/{item_key(bad.work_id)}.s.{bad.token + 1:010d}"
+    world.fs.pwrite(commit_slot, 0, b"rotted")
     restarted = world.coordinator()
     restarted.run(max_steps=50_000)
     assert restarted.stats[Stat.ITEMS_SET_ASIDE] == 1
     assert restarted.stats[Stat.ROLLED_FORWARD_FOR_PEER] == 2
-    statuses = {s.work_id: s.status for s in restarted.store.items()}
-    assert statuses.pop(bad.work_id) is ItemStatus.COMMITTING  # reported, left alone
-    assert set(statuses.values()) == {ItemStatus.DONE}
+    survey = restarted.store.survey()
+    assert list(survey.unreadable) == [bad.key]  # reported, left alone
+    assert {s.status for s in survey.states} == {ItemStatus.DONE}
+    assert len(survey.states) == 5
 
 
 class AdoptingHashWorkload(HashWorkload):
@@ -743,3 +747,44 @@ def test_an_item_given_up_is_still_adopted_once_a_survey_reads_it() -> None:
     assert coordinator.adopt_orphans() is True
     assert "late" in adopting.offered
     coordinator.shutdown()
+
+
+def test_a_group_commit_writes_one_file_per_group_not_per_item() -> None:
+    def files_and_fsyncs(commit_batch: int) -> tuple[int, int, Coordinator]:
+        world = make_world(workers=4, items=40)
+        coordinator = world.coordinator(max_in_flight=4, commit_batch=commit_batch)
+        world.fs.log = []
+        coordinator.run(max_steps=10_000)
+        assert_clean_end(world, coordinator)
+        log = world.fs.log
+        ops = [call.op for call in log if "/slots" in call.path or call.op is Op.WRITE_TEMP]
+        return ops.count(Op.WRITE_TEMP), ops.count(Op.FSYNC_DIR), coordinator
+
+    # One at a time, each item writes four files (first record, claim,
+    # commit, done) and fsyncs slots/ three times.
+    assert files_and_fsyncs(1)[:2] == (160, 120)
+    files, fsyncs, grouped = files_and_fsyncs(64)
+    # Grouped, each group of claims, commits or dones is one file and one fsync.
+    groups = files
+    assert grouped.stats[Stat.RESULTS_IN_BATCHES] >= 2 * grouped.stats[Stat.COMMIT_BATCHES]
+    assert fsyncs == groups < 40
+
+
+def test_a_triage_that_fails_in_a_group_parks_only_its_own_dispatch() -> None:
+    world = make_world(workers=4, items=8)
+    coordinator = world.coordinator(max_in_flight=2, commit_batch=64)
+    real_triage = world.workload.triage
+    failed: list[str] = []
+
+    def triage(work_id: str, token: int, result: bytes, *, owner: bool) -> None:
+        if not failed:
+            failed.append(work_id)
+            raise RuntimeError("injected: triage failed once")
+        real_triage(work_id, token, result, owner=owner)
+
+    world.workload.triage = triage  # type: ignore[method-assign]
+    coordinator.run(max_steps=10_000)
+    assert failed and coordinator.stats[Stat.TRIAGE_FAILURES] == 1
+    assert coordinator.stats[Stat.TRIAGE_RETRIES] >= 1  # retried, then committed
+    assert coordinator.stats[Stat.COMMITTED] == 8
+    assert_clean_end(world, coordinator)

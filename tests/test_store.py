@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -32,13 +33,16 @@ from dispatchtx.fs import (
     SimulatedTime,
 )
 from dispatchtx.store import (
+    INLINE_RESULT_BYTES,
     MAX_INCARNATION,
     MAX_WORK_ID_BYTES_LIMIT,
     AbandonOutcome,
     Change,
     ClaimOutcome,
+    ClaimResult,
     CommitOutcome,
     CompleteOutcome,
+    CorruptObject,
     CorruptRecord,
     InvalidCoordinatorId,
     InvalidToken,
@@ -171,7 +175,8 @@ def test_records_are_compact_checksummed_json(fs: SimulatedFS, clock: SimulatedC
     store.begin_commit(WORK, token, RESULT)
     raw = fs.read(slot_path(WORK, 2))
     assert raw.startswith(b"dtx-record-1 ") and raw.endswith(b"\n") and raw.count(b"\n") == 1
-    assert len(raw) < 400
+    # The fields, and the small result itself (base64) in place of an object.
+    assert len(raw) < 400 + len(RESULT) * 4 // 3
     record = read_record(fs, WORK, 2)
     assert record.change is Change.COMMIT
     assert (record.token, record.owner, record.object_id, record.size) == (
@@ -1174,8 +1179,7 @@ def test_hostile_work_ids_never_become_paths(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == [
         "committing",
         "incarnations",
-        "objects",
-        "slots",
+        "slots",  # small results ride in their commit records: no objects/
         "tmp",
     ]
     assert list((root / "committing").iterdir()) == []  # every mark went with its `done`
@@ -1565,9 +1569,9 @@ def _three_stalled_commits(
     for work_id in ("bad", "good-1", "good-2"):
         token = owner.claim(work_id)
         assert token is not None
-        assert owner.begin_commit(work_id, token, f"{work_id} result".encode()) is (
-            CommitOutcome.COMMITTED
-        )
+        # Too large to ride in the commit record: stored as an object.
+        result = f"{work_id} result".encode().ljust(INLINE_RESULT_BYTES + 1, b".")
+        assert owner.begin_commit(work_id, token, result) is CommitOutcome.COMMITTED
         tokens[work_id] = token
     recoverer = make_store(fs, clock, "recoverer")
     assert recoverer.roll_forward_candidates() == []  # the first look starts the watch
@@ -1829,3 +1833,289 @@ def test_a_store_of_the_older_per_item_layout_is_refused_and_left_as_it_was(
     assert store.owner is None
     assert not fs.exists(f"{ROOT}/incarnations")  # nothing written beside it
     assert fs.read(f"{ROOT}/items/{item_key(WORK)}/s.0000000001") == b"an old claim\n"
+
+
+def test_a_small_result_rides_in_its_commit_record(fs: SimulatedFS, clock: SimulatedClock) -> None:
+    store = make_store(fs, clock, "coord")
+    warm_up = store.claim("warm-up")  # the first commit also makes committing/ durable
+    assert warm_up is not None and store.begin_commit("warm-up", warm_up, b"")
+    token = store.claim(WORK)
+    assert token is not None
+    fs.log = []
+    assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    ops = [call.op for call in fs.log]
+    # One file written (and fsynced by write_temp), one directory fsync.
+    assert (ops.count(Op.WRITE_TEMP), ops.count(Op.FSYNC_DIR)) == (1, 1)
+    assert not fs.exists(f"{ROOT}/objects")
+    record = read_record(fs, WORK, token + 1)
+    assert (record.result, record.object_id) == (RESULT, object_id_of(RESULT))
+    # Another coordinator reads it from the record, and rolls it forward.
+    peer = make_store(fs, clock, "peer")
+    assert peer.stored_result(WORK) == RESULT
+    fs.crash("power")
+    assert make_store(fs, clock, "coord").stored_result(WORK) == RESULT
+
+
+def test_a_result_past_the_inline_limit_is_stored_as_an_object_first(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    large = b"x" * (INLINE_RESULT_BYTES + 1)
+    token = store.claim(WORK)
+    assert token is not None
+    assert store.begin_commit(WORK, token, large) is CommitOutcome.COMMITTED
+    record = read_record(fs, WORK, token + 1)
+    assert record.result is None and fs.durable_exists(store.objects.path_of(object_id_of(large)))
+    assert make_store(fs, clock, "peer").stored_result(WORK) == large
+    exact = b"y" * INLINE_RESULT_BYTES
+    token = store.claim("exact")
+    assert token is not None
+    assert store.begin_commit("exact", token, exact) is CommitOutcome.COMMITTED
+    assert read_record(fs, "exact", token + 1).result == exact
+
+
+def test_an_inline_result_that_does_not_match_its_digest_is_a_corrupt_object(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    token = store.claim(WORK)
+    assert token is not None
+    assert store.begin_commit(WORK, token, RESULT) is CommitOutcome.COMMITTED
+    record = read_record(fs, WORK, token + 1)
+    # A well-formed record (its checksum is right) whose result is not the one named.
+    forged = dataclasses.replace(record, result=b"X" * len(RESULT))
+    fs.pwrite(slot_path(WORK, token + 1), 0, forged.encode())
+    with pytest.raises(CorruptObject, match="hashes to"):
+        make_store(fs, clock, "peer").stored_result(WORK)
+    wrong_size = dataclasses.replace(record, result=RESULT + b"!")
+    fs.pwrite(slot_path(WORK, token + 1), 0, wrong_size.encode())
+    with pytest.raises(CorruptRecord, match="size"):
+        make_store(fs, clock, "other").read(WORK)
+
+
+def _claimed(store: WorkStore, works: list[str]) -> list[tuple[str, int, bytes]]:
+    commits = []
+    for work in works:
+        token = store.claim(work)
+        assert token is not None
+        commits.append((work, token, f"result of {work}".encode()))
+    return commits
+
+
+def test_a_group_of_commits_is_one_file_and_one_directory_fsync(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    store.begin_commit_many(_claimed(store, ["warm-up"]))  # committing/ made durable
+    commits = _claimed(store, [f"work-{n}" for n in range(5)])
+    fs.log = []
+    assert store.begin_commit_many(commits) == [CommitOutcome.COMMITTED] * 5
+    ops = [call.op for call in fs.log]
+    assert (ops.count(Op.WRITE_TEMP), ops.count(Op.FSYNC_DIR), ops.count(Op.LINK)) == (1, 1, 10)
+    assert fs.listdir(f"{ROOT}/tmp") == []  # the group's temp is gone
+    # Each slot is the group's file; a fresh store finds its own record in it.
+    fresh = make_store(fs, clock, "fresh")
+    for work, token, result in commits:
+        assert fs.durable_exists(slot_path(work, token + 1))
+        assert fs.read(slot_path(work, token + 1)).count(b"\n") == 5
+        assert fresh.read(work).status is ItemStatus.COMMITTING
+        assert fresh.stored_result(work) == result
+        assert store.complete(work, token) is CompleteOutcome.COMPLETED
+
+
+def test_one_commit_of_a_group_fenced_out_or_invalid_stops_no_other(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    rival = make_store(fs, clock, "rival")
+    commits = _claimed(store, ["a", "b", "c"])
+    # Between the claims and the group: b's claim is taken over and b committed.
+    assert rival.claim("b", now=0.0) is None
+    token_b = rival.claim("b", now=EXPIRY)
+    assert token_b is not None
+    assert rival.begin_commit("b", token_b, b"rival's") is CommitOutcome.COMMITTED
+    outcomes = store.begin_commit_many([*commits, ("a", 99, b"no such claim"), ("d", 1, b"x")])
+    assert outcomes[0] is CommitOutcome.COMMITTED and outcomes[2] is CommitOutcome.COMMITTED
+    assert outcomes[1] is CommitOutcome.FENCED_OUT
+    assert isinstance(outcomes[3], InvalidToken) and isinstance(outcomes[4], InvalidToken)
+    assert rival.stored_result("b") == b"rival's"
+
+
+def test_a_group_that_races_a_link_learns_from_the_slot(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    commits = _claimed(store, ["a", "b"])
+    rival = make_store(fs, clock, "rival")
+    # The rival takes b over (its counter stood still). Our cached chain still
+    # shows our claim at the head, so the group's link of b meets the rival's
+    # claim: EEXIST, and the slot read back decides.
+    assert rival.claim("b", now=0.0) is None
+    token = rival.claim("b", now=EXPIRY)
+    assert token == 2
+    outcomes = store.begin_commit_many(commits)
+    assert outcomes == [CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT]
+    assert store.read("b").owner == Owner("rival", 1)
+
+
+def test_the_same_item_twice_in_a_group_is_committed_once(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    (commit,) = _claimed(store, [WORK])
+    outcomes = store.begin_commit_many([commit, commit])
+    assert outcomes == [CommitOutcome.COMMITTED, CommitOutcome.DUPLICATE]
+    assert len(store.history(WORK)) == 2
+
+
+def test_a_power_loss_before_a_groups_fsync_loses_all_of_it_and_acts_on_none(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    commits = _claimed(store, ["a", "b", "c"])
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains="/slots")
+    )
+    with pytest.raises(SimulatedCrash):
+        store.begin_commit_many(commits)
+    fs.crash("power")
+    fs.fault = None
+    restarted = make_store(fs, clock, "coord")
+    assert {restarted.read(work).status for work, _, _ in commits} == {ItemStatus.CLAIMED}
+
+
+def test_a_groups_fsync_that_keeps_failing_leaves_each_commit_to_be_settled(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    commits = _claimed(store, ["a", "b"])
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.EIO), op=Op.FSYNC_DIR, path_contains="/slots")
+    )
+    outcomes = store.begin_commit_many(commits)
+    assert all(isinstance(outcome, OutcomeUnknown) for outcome in outcomes)
+    fs.fault = None
+    for work, token, result in commits:  # calling again settles each: ours, durable
+        assert store.begin_commit(work, token, result) is CommitOutcome.COMMITTED
+        assert fs.durable_exists(slot_path(work, token + 1))
+
+
+def test_a_group_file_without_the_slots_record_is_corrupt(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    commits = _claimed(store, ["a", "b"])
+    assert store.begin_commit_many(commits) == [CommitOutcome.COMMITTED] * 2
+    group_file = fs.read(slot_path("a", 2))
+    # b's slot made to hold the group's bytes without b's line: foreign.
+    fs.unlink(slot_path("b", 2))
+    key_a = item_key("a").encode()
+    only_a = b"".join(line + b"\n" for line in group_file.split(b"\n") if key_a in line)
+    only_a += only_a  # two lines, both a's
+    fs.pwrite(slot_path("b", 2), 0, only_a)
+    with pytest.raises(CorruptRecord, match="holds no slot 2 of this item"):
+        make_store(fs, clock, "fresh").read("b")
+
+
+def test_a_group_of_claims_of_new_items_is_one_file_and_one_directory_fsync(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    store.claim("warm-up")  # slots/ made durable
+    works = [f"work-{n}" for n in range(4)]
+    fs.log = []
+    results = store.claim_many(works)
+    assert [r.outcome for r in results if isinstance(r, ClaimResult)] == [ClaimOutcome.CLAIMED] * 4
+    ops = [call.op for call in fs.log]
+    # Per item: its counter (pwrite) and two links (first record, claim).
+    assert (ops.count(Op.WRITE_TEMP), ops.count(Op.FSYNC_DIR), ops.count(Op.LINK)) == (1, 1, 8)
+    assert ops.count(Op.PWRITE) == 4
+    fresh = make_store(fs, clock, "fresh")
+    for work in works:
+        assert fs.durable_exists(slot_path(work, 0)) and fs.durable_exists(slot_path(work, 1))
+        assert fresh.read(work).status is ItemStatus.CLAIMED
+        # Its owner's next try_claim adopts it: the same token.
+        again = store.try_claim(work)
+        assert (again.outcome, again.token) == (ClaimOutcome.ALREADY_HELD, 1)
+    assert _counters(fs, "work-0") == ["hb.0000000001"]
+
+
+def test_a_group_of_claims_decides_every_other_item_as_try_claim_does(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    rival = make_store(fs, clock, "rival")
+    assert rival.claim("held") == 1
+    token = store.claim("abandoned")
+    assert token is not None and store.abandon("abandoned", token, sent=False)
+    token = store.claim("done")
+    assert token is not None
+    assert store.begin_commit("done", token, b"r") is CommitOutcome.COMMITTED
+    assert store.complete("done", token) is CompleteOutcome.COMPLETED
+    results = store.claim_many(["held", "abandoned", "done", "new", "new", "x" * 70_000])
+    outcomes = [r.outcome if isinstance(r, ClaimResult) else type(r) for r in results]
+    assert outcomes == [
+        ClaimOutcome.BUSY,
+        ClaimOutcome.CLAIMED,
+        ClaimOutcome.DONE,
+        ClaimOutcome.CLAIMED,
+        ClaimOutcome.ALREADY_HELD,  # the same item twice: claimed once
+        InvalidWorkId,
+    ]
+    assert store.read("abandoned").token == 3
+
+
+def test_a_claim_of_a_group_that_loses_its_slot_learns_from_it(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    rival = make_store(fs, clock, "rival")
+    assert store.read("contested").status is ItemStatus.FREE  # our cache: no slot yet
+    assert rival.claim("contested") == 1  # the rival links first
+    results = store.claim_many(["contested", "free"])
+    first, second = results
+    assert isinstance(first, ClaimResult) and first.outcome is ClaimOutcome.BUSY
+    assert isinstance(second, ClaimResult) and second.outcome is ClaimOutcome.CLAIMED
+    assert store.read("contested").owner == Owner("rival", 1)
+    assert _counters(fs, "contested") == ["hb.0000000001"]  # the rival's, kept
+
+
+def test_a_power_loss_before_a_claim_groups_fsync_loses_all_of_it(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    store.claim("warm-up")
+    fs.fault = DiskFaultPlan(
+        FaultRule(Fault(FaultKind.KILL_BEFORE), op=Op.FSYNC_DIR, path_contains="/slots")
+    )
+    with pytest.raises(SimulatedCrash):
+        store.claim_many(["a", "b"])
+    fs.crash("power")
+    fs.fault = None
+    restarted = make_store(fs, clock, "coord")
+    assert {restarted.read(work).status for work in ("a", "b")} == {ItemStatus.FREE}
+    assert restarted.claim("a") == 1
+
+
+def test_a_group_of_completions_is_one_file_and_one_directory_fsync(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    store = make_store(fs, clock, "coord")
+    commits = _claimed(store, [f"work-{n}" for n in range(4)])
+    assert store.begin_commit_many(commits) == [CommitOutcome.COMMITTED] * 4
+    fs.log = []
+    completions = [(work, token) for work, token, _ in commits]
+    assert store.complete_many(completions) == [CompleteOutcome.COMPLETED] * 4
+    ops = [call.op for call in fs.log]
+    assert (ops.count(Op.WRITE_TEMP), ops.count(Op.FSYNC_DIR)) == (1, 1)
+    assert fs.listdir(f"{ROOT}/committing") == []  # every mark went with its done
+    assert _counters(fs, "work-0") == []
+    fresh = make_store(fs, clock, "fresh")
+    assert {fresh.read(work).status for work, _ in completions} == {ItemStatus.DONE}
+    # Again, by anyone: already done; a claim with no commit: fenced out.
+    again = fresh.complete_many([*completions[:1], completions[0]])
+    assert again == [CompleteOutcome.ALREADY_DONE] * 2
+    token = fresh.claim("uncommitted")
+    assert token is not None
+    outcomes = fresh.complete_many([("uncommitted", token), ("never-seen", 1)])
+    assert outcomes[0] is CompleteOutcome.FENCED_OUT and isinstance(outcomes[1], InvalidToken)

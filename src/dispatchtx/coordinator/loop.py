@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
 from dispatchtx import (
-    CompensationError,
     DispatchTables,
     Phase,
     Transaction,
-    UnknownDispatch,
-    WrongWorker,
 )
 from dispatchtx.coordinator.config import CoordinatorConfig
-from dispatchtx.coordinator.faults import FaultPlan, FaultPoint, InjectedFault
-from dispatchtx.coordinator.recovery import Committed, Recovery
+from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
+from dispatchtx.coordinator.fence import Fencing
+from dispatchtx.coordinator.recovery import Committed
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.coordinator.workers import Strikes
 from dispatchtx.coordinator.workload import UNCLAIMED, DispatchTag, Workload
@@ -48,10 +45,7 @@ from dispatchtx.resources.lease import ClaimRefused, WorkLease, WorkLeases
 from dispatchtx.store import (
     ClaimOutcome,
     ClaimResult,
-    CommitOutcome,
-    CompleteOutcome,
     CorruptRecord,
-    InvalidToken,
     OutcomeUnknown,
     StoreError,
     StoreIOError,
@@ -66,15 +60,9 @@ log = logging.getLogger("dispatchtx.coordinator")
 # Dispatch ids of incarnation n start at n << ID_SHIFT: a restarted
 # coordinator never reuses one.
 ID_SHIFT = 40
-RECENTLY_COMMITTED = 4096
-# Ambiguous fence retries back off from 1 ms to 50 ms; a fence attempt that
-# stored nothing pauses new claims from 2 ms up to 1 s.
-FENCE_RETRY_FIRST_PAUSE = 0.001
-FENCE_RETRY_MAX_PAUSE = 0.05
-STORE_FAILURE_MAX_BACKOFF = 1.0
 
 
-class Coordinator(Recovery):
+class Coordinator(Fencing):
     """One coordinator incarnation."""
 
     def __init__(
@@ -296,9 +284,12 @@ class Coordinator(Recovery):
         durable is any of them sent."""
         now = self.transport.now()
         opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]] = []
+        ahead: list[tuple[str, int]] = []
         next_pair = 0
         try:
             with self.store.batch():
+                if len(pairs) > 1:
+                    ahead = self._claim_ahead(pairs, now)
                 for worker, work_id in pairs:
                     next_pair += 1
                     one = self._open(worker, work_id, now)
@@ -321,6 +312,8 @@ class Coordinator(Recovery):
             for txn, _, _, _ in opened:
                 self._compensate(txn)
             raise
+        finally:
+            self._abandon_unused(ahead, opened)
         if len(opened) > 1:
             self.stats.counts[Stat.CLAIM_BATCHES] += 1
             self.stats.counts[Stat.CLAIMS_IN_BATCHES] += len(opened)
@@ -331,6 +324,41 @@ class Coordinator(Recovery):
                 for txn, _, _, _ in opened[index + 1 :]:
                     self._compensate(txn)
                 raise
+
+    def _claim_ahead(self, pairs: list[tuple[int, str]], now: float) -> list[tuple[str, int]]:
+        """Claim the items of `pairs` together (`claim_many`: one file for
+        their records); each `_open` then adopts its item's claim (the store
+        answers ALREADY_HELD). Returns the claims made here, (work id, token).
+        A failure here is no failure of the pass: `_open` claims on its own."""
+        try:
+            results = self.store.claim_many([work_id for _, work_id in pairs], now)
+        except Exception as error:  # the group as a whole: each is tried alone
+            log.info("a group of claims failed, claiming one by one: %s", error)
+            return []
+        return [
+            (work_id, result.token)
+            for (_, work_id), result in zip(pairs, results, strict=True)
+            if isinstance(result, ClaimResult)
+            and result.outcome is ClaimOutcome.CLAIMED
+            and result.token is not None
+        ]
+
+    def _abandon_unused(
+        self,
+        ahead: list[tuple[str, int]],
+        opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]],
+    ) -> None:
+        """Give back a claim made ahead that no dispatch took (its `_open`
+        failed before the claim): never sent, so it counts towards nothing."""
+        leased = {work_id for _, _, work_id, _ in opened}
+        for work_id, token in ahead:
+            if work_id in leased or self.leases.held(work_id) is not None:
+                continue
+            try:
+                self.store.abandon(work_id, token, sent=False)
+            except Exception as error:  # left to expire, as an undo that failed
+                self.stats.counts[Stat.COMPENSATION_FAILURES] += 1
+                log.warning("a claim made ahead of %r was not given back: %s", work_id, error)
 
     def _open(
         self, worker: int, work_id: str, now: float
@@ -442,248 +470,6 @@ class Coordinator(Recovery):
             self.workload.done(work_id)
         elif result.outcome is ClaimOutcome.QUARANTINED:
             self.workload.drop(work_id, "quarantined")
-
-    # -- results ---------------------------------------------------------------
-
-    def _deliveries(self, worker: int, message: Result | bytes) -> list[Result | bytes]:
-        """What the coordinator gets of one message, after the fault points
-        that act on results."""
-        faults = self.faults
-        if isinstance(message, Result) and faults.fires(FaultPoint.STALE_RESULT):
-            # The worker answers late: after the deadline has discarded the
-            # dispatch (and abandoned its lease), so the result must be dropped.
-            release = self.transport.now() + 2 * self.config.deadline
-            self._held_back.append((release, worker, message))
-            return []
-        if isinstance(message, Result) and faults.fires(FaultPoint.DUPLICATE_RESULT):
-            return [message, message]  # the worker answered twice
-        return [message]
-
-    def _fence_batch(self, deliveries: list[tuple[int, Result | bytes]]) -> None:
-        """Group commit of results (one, or up to `commit_batch`): every
-        fence first, in one store batch; only once their commit slots are
-        durable, the triage of each."""
-        passed: list[tuple[int, int, Result]] = []
-        fenced_ids: set[int] = set()
-        try:
-            with self.store.batch():
-                for worker, delivered in deliveries:
-                    if isinstance(delivered, Result) and delivered.dispatch_id in fenced_ids:
-                        self._drop_duplicate(worker, delivered)
-                        continue
-                    fenced = self._fence(worker, delivered)
-                    if fenced is not None:
-                        passed.append(fenced)
-                        fenced_ids.add(fenced[0])
-        except (OutcomeUnknown, StoreIOError) as error:
-            # The batch's fsync failed: settle each commit on its own before
-            # acting on it (calling begin_commit again does).
-            self.stats.counts[Stat.COMMIT_BATCHES_RETRIED] += 1
-            log.info("a group commit's fsync failed, settling one by one: %s", error)
-            self._settle_commits(passed)
-        except Exception:
-            # One message's fence failed: those that passed before it are in
-            # the store; they are settled and carried on before the error goes up.
-            self._settle_commits(passed)
-            self._carry_on(passed)
-            raise
-        if len(passed) > 1:
-            self.stats.counts[Stat.COMMIT_BATCHES] += 1
-            self.stats.counts[Stat.RESULTS_IN_BATCHES] += len(passed)
-        self._carry_on(passed)
-
-    def _settle_commits(self, passed: list[tuple[int, int, Result]]) -> None:
-        for _, _, result in passed:
-            # Their slots were linked in the batch: only the store's answer settles them.
-            self._begin_commit(result.item, result.token, result.result, maybe_published=True)
-
-    def _carry_on(self, passed: list[tuple[int, int, Result]]) -> None:
-        # Not batched: the releases (the workload's `done` among them) act on
-        # the `done` slot, so it must be durable before they run.
-        for dispatch_id, worker, result in passed:
-            self._past_fence(dispatch_id, worker, result)
-
-    def _drop_duplicate(self, worker: int, result: Result) -> None:
-        self.stats.counts[Stat.STALE_RESULTS] += 1
-        log.info(
-            "dropped a duplicate result of dispatch %d from worker %d", result.dispatch_id, worker
-        )
-
-    def _fence(self, worker: int, message: Result | bytes) -> tuple[int, int, Result] | None:
-        """Everything up to and including `begin_commit`; returns what passed
-        the fence, for `_past_fence`."""
-        self._strikes.heard(worker, self.transport.now())
-        if isinstance(message, bytes):
-            self.stats.counts[Stat.MALFORMED_RESULTS] += 1
-            log.warning("worker %d sent an undecodable message (%d bytes)", worker, len(message))
-            return None
-        try:
-            txn = self.tables.match(worker, message.dispatch_id)
-        except (UnknownDispatch, WrongWorker) as error:
-            self.stats.counts[Stat.STALE_RESULTS] += 1
-            log.info("dropped a result from worker %d: %s", worker, error)
-            if message.dispatch_id not in self._recently_committed:
-                self.wasted_cpu_seconds += message.cpu_seconds  # a stale run: redone
-            return None
-        if txn.tag != DispatchTag(message.item, message.token):
-            self.stats.counts[Stat.MISMATCHED_RESULTS] += 1
-            self.wasted_cpu_seconds += message.cpu_seconds
-            self._fenced_out(txn.id)
-            return None
-        if not message.ok:
-            self.stats.counts[Stat.TASK_ERRORS] += 1
-            self.wasted_cpu_seconds += message.cpu_seconds
-            self._fenced_out(txn.id)
-            return None
-        try:
-            outcome = self._begin_commit(message.item, message.token, message.result)
-        except (CorruptRecord, InvalidToken) as error:
-            # The item's chain cannot be read (or names no such claim): count
-            # it, give the dispatch back, and drop the item rather than
-            # redispatching it forever.
-            self.stats.counts[Stat.CORRUPT_ITEMS_DROPPED] += 1
-            log.warning("dropped the result of %r: its chain is corrupt: %s", message.item, error)
-            self.wasted_cpu_seconds += message.cpu_seconds
-            self._fenced_out(txn.id)
-            self.workload.drop(message.item, "corrupt")
-            return None
-        if outcome is None:
-            # Nothing stored: given back by the after-send rules, redone later.
-            self.wasted_cpu_seconds += message.cpu_seconds
-            self._fenced_out(txn.id)
-            return None
-        if outcome is CommitOutcome.FENCED_OUT:
-            self.stats.counts[Stat.FENCED_OUT] += 1
-            self.wasted_cpu_seconds += message.cpu_seconds
-            self._fenced_out(txn.id)
-            return None
-        return txn.id, worker, message
-
-    def _past_fence(self, dispatch_id: int, worker: int, message: Result) -> None:
-        self._remember_committed(dispatch_id)
-        self.faults.kill_point(FaultPoint.KILL_AFTER_STORE_COMMIT)
-        self._committed[dispatch_id] = Committed(message.item, message.token, message.result)
-        self._free_slot(worker)  # the result is in hand: the worker is free (D1)
-        self._commit(dispatch_id)  # committing() moves it past the fence
-
-    def _remember_committed(self, dispatch_id: int) -> None:
-        """A bounded memory of committed dispatches, so that a duplicate of
-        their result is not counted as CPU spent on a run that was redone."""
-        self._recently_committed.add(dispatch_id)
-        self._committed_order.append(dispatch_id)
-        if len(self._committed_order) > RECENTLY_COMMITTED:
-            self._recently_committed.discard(self._committed_order.popleft())
-
-    def _begin_commit(
-        self, work_id: str, token: int, result: bytes, *, maybe_published: bool = False
-    ) -> CommitOutcome | None:
-        """The fence. An ambiguous outcome (the commit slot may be there) is
-        resolved before anything else: the dispatch stays ACTIVE (never
-        swept) until it is known, retried with a bounded back-off during
-        which the heartbeats go on. An attempt known to have published
-        nothing (the store's `StoreIOError`: ENOSPC writing the result, a
-        failed read) returns None: a failed fence attempt, which the caller
-        discards. `maybe_published`: an earlier attempt may have linked the
-        slot, so nothing short of the store's answer settles it."""
-        pause = 0.0
-        while True:
-            try:
-                self.faults.check(FaultPoint.BEGIN_COMMIT_EIO)
-                outcome = self.store.begin_commit(work_id, token, result)
-            except StoreIOError as error:
-                if not maybe_published:
-                    self._store_failed(work_id, error)
-                    return None
-                self._retry_pause(pause, work_id, error)
-            except (OutcomeUnknown, OSError, InjectedFault) as error:
-                # Calling again settles it: the store kept our nonce.
-                maybe_published = True
-                self._retry_pause(pause, work_id, error)
-            else:
-                self._store_failures_in_row = 0
-                if outcome is CommitOutcome.DUPLICATE:
-                    # This token's commit is already there (an earlier attempt's):
-                    # the store holds that result; triage it.
-                    return CommitOutcome.COMMITTED
-                return outcome
-            pause = min(max(pause * 2, FENCE_RETRY_FIRST_PAUSE), FENCE_RETRY_MAX_PAUSE)
-
-    def _retry_pause(self, pause: float, work_id: str, error: Exception) -> None:
-        self.stats.counts[Stat.BEGIN_COMMIT_RETRIED] += 1
-        log.info("begin_commit of %r unresolved, retrying: %s", work_id, error)
-        if pause <= 0:
-            return
-        # Not a busy retry inside the lock: the heartbeat thread gets in, and
-        # without one the heartbeats fall due here too.
-        self._lock.release()
-        try:
-            time.sleep(pause)
-        finally:
-            self._lock.acquire()
-        if not self.config.background_heartbeat and self.transport.now() >= self._next_heartbeat:
-            self._next_heartbeat = self.transport.now() + self._heartbeat_every
-            self._heartbeat()
-
-    def _store_failed(self, work_id: str, error: StoreIOError) -> None:
-        self.stats.counts[Stat.FENCE_ATTEMPTS_FAILED] += 1
-        self._store_failures_in_row += 1
-        back_off = min(
-            FENCE_RETRY_FIRST_PAUSE * 2 ** min(self._store_failures_in_row, 30),
-            STORE_FAILURE_MAX_BACKOFF,
-        )
-        self._dispatch_paused_until = self.transport.now() + back_off
-        log.warning(
-            "the store took no commit of %r (%s): dispatch discarded, new claims paused %.3f s",
-            work_id,
-            error,
-            back_off,
-        )
-
-    def _fenced_out(self, dispatch_id: int) -> None:
-        failures = self.tables.fenced_out(dispatch_id)
-        self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
-        for failure in failures:
-            log.info("discard: %s", failure)
-
-    def _commit(self, dispatch_id: int) -> None:
-        committed = self._committed[dispatch_id]
-        try:
-            with self.tables.committing(dispatch_id):
-                self._triage(committed, owner=True)
-        except CompensationError as error:
-            # COMMITTED; a release failed and was recorded.
-            self.stats.counts[Stat.COMPENSATION_FAILURES] += len(error.failures)
-        except Exception as error:
-            self.stats.counts[Stat.TRIAGE_FAILURES] += 1
-            log.info("triage of dispatch %d failed, parked for a retry: %s", dispatch_id, error)
-            if dispatch_id not in self._parked:
-                self._parked.append(dispatch_id)
-            return
-        del self._committed[dispatch_id]
-        self.stats.counts[Stat.COMMITTED] += 1
-
-    def _triage(self, committed: Committed, *, owner: bool) -> None:
-        faults = self.faults
-        faults.check(FaultPoint.TRIAGE_EIO)
-        faults.kill_point(FaultPoint.KILL_MID_TRIAGE)
-        # User code, which may run long: let the heartbeat thread in meanwhile.
-        self._lock.release()
-        try:
-            self.workload.triage(committed.work_id, committed.token, committed.result, owner=owner)
-        finally:
-            self._lock.acquire()
-        faults.kill_point(FaultPoint.KILL_AFTER_TRIAGE)
-        faults.check(FaultPoint.COMPLETE_EIO)
-        outcome = self.store.complete(committed.work_id, committed.token)
-        if outcome is CompleteOutcome.FENCED_OUT:
-            raise RuntimeError(f"complete({committed.work_id!r}) fenced out after its commit")
-        faults.kill_point(FaultPoint.KILL_AFTER_COMPLETE)
-
-    def _retry_parked(self) -> None:
-        parked, self._parked = self._parked, []
-        for dispatch_id in parked:
-            self.stats.counts[Stat.TRIAGE_RETRIES] += 1
-            self._commit(dispatch_id)
 
     # -- lost workers, heartbeats, recovery ------------------------------------
 

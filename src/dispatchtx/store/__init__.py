@@ -70,6 +70,7 @@ from dispatchtx.store.publication import SlotChains
 from dispatchtx.store.records import (
     DEFAULT_MAX_WORK_ID_BYTES,
     DEFAULT_QUARANTINE_AFTER,
+    INLINE_RESULT_BYTES,
     MAX_INCARNATION,
     MAX_WORK_ID_BYTES_LIMIT,
     AbandonOutcome,
@@ -102,6 +103,7 @@ __all__ = [
     "MAX_INCARNATION",
     "MAX_WORK_ID_BYTES_LIMIT",
     "DEFAULT_QUARANTINE_AFTER",
+    "INLINE_RESULT_BYTES",
     "InvalidCoordinatorId",
     "InvalidId",
     "InvalidObjectId",

@@ -1,8 +1,8 @@
 """`WorkStore`, one coordinator incarnation's handle on the shared store:
 its incarnations, claims, heartbeats and abandons, the fence
-(`begin_commit`) and completion, and the reading of items for the
-coordinator and for roll-forward. Every change goes through the slot chains
-of `dispatchtx.store.publication`."""
+(`begin_commit`) and completion. The reading of items for the coordinator
+and for roll-forward is `dispatchtx.store.reading`; every change goes
+through the slot chains of `dispatchtx.store.publication`."""
 
 from __future__ import annotations
 
@@ -10,23 +10,23 @@ import contextlib
 import functools
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 
 from dispatchtx.store.errors import (
-    CorruptObject,
     CorruptRecord,
     NotOwner,
-    ObjectNotFound,
+    OutcomeUnknown,
     StoreError,
     StoreIOError,
     _shown,
 )
-from dispatchtx.store.publication import SlotChains
+from dispatchtx.store.objects import object_id_of
+from dispatchtx.store.reading import ItemReads
 from dispatchtx.store.records import (
-    _KEY,
     _MAX_DECISION_ROUNDS,
     _RECORD_VERSION,
-    _STATUS_OF,
+    INLINE_RESULT_BYTES,
     MAX_INCARNATION,
     AbandonOutcome,
     Change,
@@ -34,18 +34,14 @@ from dispatchtx.store.records import (
     ClaimResult,
     CommitOutcome,
     CompleteOutcome,
-    ItemState,
-    ItemStatus,
     Owner,
     Record,
-    RollForward,
-    SetAside,
-    Survey,
     _decode_fields,
     _encode_fields,
     _FieldReader,
     _lost_claims,
     _new_nonce,
+    _Published,
     validate_coordinator_id,
 )
 
@@ -71,7 +67,7 @@ def _incarnation_numbers(names: list[str], coordinator_id: str) -> list[int]:
     )
 
 
-class WorkStore(SlotChains):
+class WorkStore(ItemReads):
     """One coordinator incarnation's handle on the shared exact-work store.
 
     `ttl` is how long a claim lives without a heartbeat; `margin` (default
@@ -241,6 +237,9 @@ class WorkStore(SlotChains):
                     self._watch.pop(key, None)
                     return ClaimResult(ClaimOutcome.QUARANTINED, None, lost)
                 if head.change is Change.CLAIM:
+                    if head.nonce in self._in_batch:
+                        # Ours, linked in this batch (`claim_many`): durable at its end.
+                        return ClaimResult(ClaimOutcome.ALREADY_HELD, head.token, lost)
                     if head.nonce in self._pending:
                         # Our earlier claim whose outcome was unknown: it won.
                         self._settle(key, head, "claim")
@@ -281,6 +280,81 @@ class WorkStore(SlotChains):
             lost_race = True  # decide again from what won the slot, and what followed
             chain = self._chain(key)
         return ClaimResult(ClaimOutcome.LOST_RACE, None, _lost_claims(self._chain(key)))
+
+    def claim_many(
+        self, work_ids: Sequence[str], now: float | None = None
+    ) -> list[ClaimResult | Exception]:
+        """`try_claim` of each work id, with the records of every item that is
+        new or was abandoned (its first record and its claim) in ONE file:
+        one file fsync and one directory fsync for all (the directory's at
+        the end of the enclosing `batch()`, if any). Any other item, or one
+        whose link meets another publisher's record, is decided by
+        `try_claim` on its own.
+
+        Returns, in order, what `try_claim` would have returned for each, or
+        the exception it would have raised. A later `try_claim` of an item
+        claimed here answers ALREADY_HELD with the same token."""
+        owner = self._require_owner("claim")
+        now = self._now(now)
+        results: list[ClaimResult | Exception | None] = [None] * len(work_ids)
+        plans: list[tuple[int, str, int, int, bool]] = []  # index, key, slot, lost, new
+        records: list[list[tuple[str, Record]]] = []
+        seen: set[str] = set()
+        alone: list[int] = []
+        for index, work_id in enumerate(work_ids):
+            try:
+                key = self._key(work_id)
+                if key in seen:
+                    alone.append(index)
+                    continue
+                seen.add(key)
+                chain = self._load(key, work_id, create=False)
+                head = chain[-1] if chain else None
+                lost = _lost_claims(chain)
+                if head is not None and head.change is not Change.ABANDON:
+                    alone.append(index)  # held, committing, final: try_claim decides
+                    continue
+                if lost >= self._quarantine_after or self._unsettled():
+                    alone.append(index)
+                    continue
+                new = key not in self._work_ids
+                slot = len(chain) + 1
+                # As in try_claim: the counter exists before the claim is visible.
+                self._write_heartbeat(key, slot)
+            except Exception as error:  # returned, as try_claim would raise it
+                results[index] = error
+                continue
+            item: list[tuple[str, Record]] = []
+            if new:
+                item.append((key, self._record(key, 0, Change.ITEM, 0, owner, work_id=work_id)))
+            item.append((key, self._record(key, slot, Change.CLAIM, slot, owner)))
+            plans.append((index, key, slot, lost, new))
+            records.append(item)
+        published = self._publish_many(records, "claim") if records else []
+        for (index, key, slot, lost, new), item, outcome in zip(
+            plans, records, published, strict=True
+        ):
+            if new and isinstance(outcome[0], _Published) and outcome[0].ours:
+                self._work_ids[key] = work_ids[index]
+                self._chains.setdefault(key, [])
+            claim = outcome[-1] if len(outcome) == len(item) else None
+            if isinstance(claim, _Published) and claim.ours and claim.record.change is Change.CLAIM:
+                self._watch.pop(key, None)
+                results[index] = ClaimResult(ClaimOutcome.CLAIMED, slot, lost)
+                continue
+            if isinstance(outcome[-1], OutcomeUnknown):
+                results[index] = outcome[-1]  # try_claim settles it from the slot
+                continue
+            self._beats.pop((key, slot), None)
+            if isinstance(claim, _Published) and claim.record.change is not Change.CLAIM:
+                self._drop_heartbeat(key, slot)  # the slot went to no claim: ours alone
+            alone.append(index)
+        for index in alone:
+            try:
+                results[index] = self.try_claim(work_ids[index], now)
+            except Exception as error:
+                results[index] = error
+        return [result for result in results if result is not None]
 
     def heartbeat(self, work_id: str, token: int) -> bool:
         """Rewrite the heartbeat counter of our claim `token` (off the chain,
@@ -402,15 +476,93 @@ class WorkStore(SlotChains):
         settled = self._commit_settled(key, chain, token)
         if settled is not None:
             return settled
-        object_id = self.objects.put(result)
+        record = self._commit_record(key, token, owner, result)
         self._mark_committing(key)
-        record = self._record(
-            key, token + 1, Change.COMMIT, token, owner, object_id=object_id, size=len(result)
-        )
         published = self._publish(key, record, "begin_commit")
         if published.ours and published.record.change is Change.COMMIT:
             return CommitOutcome.COMMITTED
         return self._commit_settled(key, self._chain(key), token) or CommitOutcome.FENCED_OUT
+
+    def begin_commit_many(
+        self, commits: Sequence[tuple[str, int, bytes]]
+    ) -> list[CommitOutcome | Exception]:
+        """`begin_commit` of each (work id, token, result), with every commit
+        record in ONE file: one file fsync and one directory fsync for all
+        (the directory's at the end of the enclosing `batch()`, if any).
+
+        Returns, in order, what `begin_commit` would have returned for each,
+        or the exception it would have raised (`OutcomeUnknown` among them:
+        calling `begin_commit` again settles that one). One commit's failure
+        stops no other."""
+        owner = self._require_owner("begin_commit")
+        outcomes: list[CommitOutcome | Exception | None] = [None] * len(commits)
+        planned: list[tuple[int, str, int]] = []
+        records: list[list[tuple[str, Record]]] = []
+        seen: set[str] = set()
+        later: list[int] = []
+        for index, (work_id, token, result) in enumerate(commits):
+            try:
+                if not isinstance(result, bytes):
+                    raise TypeError(f"result must be bytes, not {type(result).__name__}")
+                key = self._key(work_id)
+                if key in seen:
+                    later.append(index)  # decided after the group, on its own
+                    continue
+                seen.add(key)
+                upto = token if isinstance(token, int) else 0
+                chain = self._known_chain(key, work_id, upto=upto)
+                claim = self._claim_at(work_id, chain, token)
+                if claim.owner != owner:
+                    outcomes[index] = CommitOutcome.FENCED_OUT
+                    continue
+                settled = self._commit_settled(key, chain, token)
+                if settled is not None:
+                    outcomes[index] = settled
+                    continue
+                record = self._commit_record(key, token, owner, result)
+                self._mark_committing(key)
+            except Exception as error:  # returned, as begin_commit would raise it
+                outcomes[index] = error
+                continue
+            planned.append((index, key, token))
+            records.append([(key, record)])
+        published = self._publish_many(records, "begin_commit") if records else []
+        for (index, key, token), (one,) in zip(planned, published, strict=True):
+            if isinstance(one, Exception):
+                outcomes[index] = one
+                continue
+            try:
+                if one.ours and one.record.change is Change.COMMIT:
+                    outcomes[index] = CommitOutcome.COMMITTED
+                else:
+                    chain = self._chain(key)
+                    outcomes[index] = (
+                        self._commit_settled(key, chain, token) or CommitOutcome.FENCED_OUT
+                    )
+            except Exception as error:
+                outcomes[index] = error
+        for index in later:
+            work_id, token, result = commits[index]
+            try:
+                outcomes[index] = self.begin_commit(work_id, token, result)
+            except Exception as error:
+                outcomes[index] = error
+        assert all(outcome is not None for outcome in outcomes)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _commit_record(self, key: str, token: int, owner: Owner, result: bytes) -> Record:
+        """The commit slot's record. A small result rides in it; a larger
+        one is stored first, durably, as the object the record names."""
+        if len(result) <= INLINE_RESULT_BYTES:
+            object_id = object_id_of(result)
+            inline: bytes | None = result
+        else:
+            object_id = self.objects.put(result)
+            inline = None
+        record = self._record(
+            key, token + 1, Change.COMMIT, token, owner, object_id=object_id, size=len(result)
+        )
+        return replace(record, result=inline)
 
     def _commit_settled(self, key: str, chain: list[Record], token: int) -> CommitOutcome | None:
         """The fence's answer if the slot after claim `token` is taken, else None."""
@@ -422,7 +574,62 @@ class WorkStore(SlotChains):
         if after.nonce in self._pending:
             self._settle(key, after, "begin_commit")  # our earlier ambiguous commit
             return CommitOutcome.COMMITTED
+        if after.nonce in self._settled_late:
+            self._settled_late.discard(after.nonce)  # made durable by a later fsync
+            return CommitOutcome.COMMITTED
         return CommitOutcome.DUPLICATE
+
+    def complete_many(
+        self, completions: Sequence[tuple[str, int]]
+    ) -> list[CompleteOutcome | Exception]:
+        """`complete` of each (work id, token), with every `done` record in ONE
+        file: one file fsync and one directory fsync for all. Returns, in
+        order, what `complete` would have returned for each, or the exception
+        it would have raised; one failure stops no other."""
+        owner = self._require_owner("complete")
+        outcomes: list[CompleteOutcome | Exception | None] = [None] * len(completions)
+        plans: list[tuple[int, str, int]] = []
+        records: list[list[tuple[str, Record]]] = []
+        seen: set[str] = set()
+        alone: list[int] = []
+        for index, (work_id, token) in enumerate(completions):
+            try:
+                key = self._key(work_id)
+                upto = token + 1 if isinstance(token, int) else 0
+                chain = self._known_chain(key, work_id, upto=upto)
+                self._claim_at(work_id, chain, token)
+            except Exception as error:  # returned, as complete would raise it
+                outcomes[index] = error
+                continue
+            if key in seen or len(chain) != token + 1 or chain[token].change is not Change.COMMIT:
+                alone.append(index)  # done already, fenced out, or twice here
+                continue
+            seen.add(key)
+            plans.append((index, key, token))
+            records.append([(key, self._record(key, token + 2, Change.DONE, token, owner))])
+        published = self._publish_many(records, "complete") if records else []
+        for (index, key, token), (one,) in zip(plans, published, strict=True):
+            if isinstance(one, _Published) and one.ours and one.record.change is Change.DONE:
+                self._completed(key, token)
+                outcomes[index] = CompleteOutcome.COMPLETED
+            elif isinstance(one, OutcomeUnknown):
+                outcomes[index] = one  # complete settles it from the slot
+            else:
+                alone.append(index)
+        for index in alone:
+            work_id, token = completions[index]
+            try:
+                outcomes[index] = self.complete(work_id, token)
+            except Exception as error:
+                outcomes[index] = error
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _completed(self, key: str, token: int) -> None:
+        """Our `done` for claim `token` is durable: what the claim kept goes."""
+        self._beats.pop((key, token), None)
+        self._watch.pop(key, None)
+        self._drop_heartbeat(key, token)
+        self._unmark_committing(key)
 
     def complete(self, work_id: str, token: int) -> CompleteOutcome:
         """Publish `done` for the commit of claim `token` (after triage).
@@ -444,266 +651,7 @@ class WorkStore(SlotChains):
             record = self._record(key, token + 2, Change.DONE, token, owner)
             published = self._publish(key, record, "complete")
             if published.ours and published.record.change is Change.DONE:
-                self._beats.pop((key, token), None)
-                self._watch.pop(key, None)
-                self._drop_heartbeat(key, token)
-                self._unmark_committing(key)
+                self._completed(key, token)
                 return CompleteOutcome.COMPLETED
             chain = self._chain(key)
         raise StoreError(f"complete of {_shown(work_id)}: the chain kept changing")
-
-    # -- reading -----------------------------------------------------------------
-
-    def read(self, work_id: str) -> ItemState:
-        """The item's state from its chain (FREE if it has no slot yet)."""
-        key = self._key(work_id)
-        chain = self._load(key, work_id, create=False)
-        return self._state(key, work_id, chain)
-
-    def items(self) -> list[ItemState]:
-        """Every item in the store, in key order. A listing: an item created
-        a moment ago may be missing on a network filesystem."""
-        states = []
-        for key in self._item_keys():
-            work_id = self._work_id_of(key)
-            if work_id is None:
-                continue  # a directory whose first record never landed: nothing claimed
-            states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
-        return states
-
-    def history(self, work_id: str) -> list[Record]:
-        """The item's chain, slots 1 to the head, as read now: for audits
-        (the simulator checks every claim and commit against it)."""
-        return list(self._load(self._key(work_id), work_id, create=False))
-
-    def survey(self) -> Survey:
-        """`items()` that does not stop at an item it cannot read: those are
-        listed apart, by key, with the reason (for audits and reports)."""
-        states = []
-        unreadable: dict[str, str] = {}
-        look_again: list[str] = []
-        for key in self._item_keys():
-            try:
-                work_id = self._work_id_of(key)
-                if work_id is None:
-                    look_again.append(key)  # no first record seen: nothing claimed, or not yet
-                    continue
-                states.append(self._state(key, work_id, self._load(key, work_id, create=False)))
-            except StoreIOError as error:
-                unreadable[key] = str(error)
-                look_again.append(key)
-            except CorruptRecord as error:
-                unreadable[key] = str(error)
-        return Survey(states, unreadable, look_again)
-
-    def items_by_status(self) -> dict[ItemStatus, list[ItemState]]:
-        """`items()` grouped by status (every status is a key)."""
-        grouped: dict[ItemStatus, list[ItemState]] = {status: [] for status in ItemStatus}
-        for state in self.items():
-            grouped[state.status].append(state)
-        return grouped
-
-    def committing_items(self) -> list[ItemState]:
-        return [state for state in self.items() if state.status is ItemStatus.COMMITTING]
-
-    def mark_committing_items(self) -> list[str]:
-        """Read every item (O(items): once per coordinator start) and mark
-        the COMMITTING ones "maybe committing" again, for the looks of
-        `roll_forward_candidates`. An item whose records are corrupt is
-        skipped, not fatal: its key is returned."""
-        unreadable = []
-        self._set_aside.clear()  # the full look reads every item afresh
-        for key in self._item_keys():
-            try:
-                work_id = self._work_id_of(key)
-                if work_id is None:
-                    continue
-                state = self._state(key, work_id, self._load(key, work_id, create=False))
-            except CorruptRecord:
-                unreadable.append(key)
-                continue
-            if state.status is ItemStatus.COMMITTING:
-                self._mark_committing(key)
-        return unreadable
-
-    def _marked_committing(self) -> list[ItemState]:
-        """The COMMITTING items among the marked ones; marks of final items
-        (done, quarantined) are removed on the way. A mark on an item that is
-        not final stays: its holder may be about to link the commit."""
-        try:
-            names = self._fs.listdir(self._committing)
-        except FileNotFoundError:
-            return []
-        except OSError as error:
-            raise StoreIOError("listing committing marks", self._committing, error) from error
-        states = []
-        for key in names:
-            if _KEY.fullmatch(key) is None:
-                continue  # not ours (a temp of an editor, say): never a path we built
-            if key in self._set_aside:
-                continue  # reported once; it must not hold up the others
-            try:
-                work_id = self._work_id_of_marked(key)
-                state = self._state(key, work_id, self._load(key, work_id, create=False))
-            except CorruptRecord as error:
-                self._set_aside[key] = SetAside(key, self._work_ids.get(key), str(error))
-                continue
-            except StoreIOError as error:
-                self._deferred_in_look[key] = str(error)  # the next look tries again
-                continue
-            if state.status is ItemStatus.COMMITTING:
-                states.append(state)
-            elif state.status in (ItemStatus.DONE, ItemStatus.QUARANTINED):
-                self._unmark_committing(key)
-        return states
-
-    def _work_id_of_marked(self, key: str) -> str:
-        """The work id of an item marked "maybe committing": from its first
-        record, else from its mark. Both reads may say "absent" without it
-        being so (a cached negative look-up), so they are tried again, with
-        a pause, before the item is taken for corrupt."""
-        for attempt in range(self._attempts):
-            if attempt:
-                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
-            work_id = self._work_id_of(key) or self._work_id_of_mark(key)
-            if work_id is not None:
-                return work_id
-        path = f"{self._committing}/{key}"
-        raise CorruptRecord(path, "its first record is missing, and so is its mark")
-
-    def _work_id_of_mark(self, key: str) -> str | None:
-        """An item marked "maybe committing" whose first record reads as
-        absent: the mark is a second name of that record, so the work id is
-        read there. None if the mark reads as absent too; CorruptRecord if it
-        is foreign."""
-        path = f"{self._committing}/{key}"
-        try:
-            first = Record.decode(self._fs.read(path), path, key, 0)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise StoreIOError("reading a committing mark", path, error) from error
-        work_id = first.work_id
-        if work_id is None or hashlib.sha256(work_id.encode("utf-8")).hexdigest() != key:
-            raise CorruptRecord(path, "its first record is missing, and its mark is foreign")
-        self._work_ids[key] = work_id
-        return work_id
-
-    def _mark_committing(self, key: str) -> None:
-        """Mark the item "maybe committing" before its commit slot is linked."""
-        self._ensure_dir(self._committing)
-        path = f"{self._committing}/{key}"
-        try:
-            # One call, no fsync (the full look covers a power loss): a second
-            # name for the item's first record, which is immutable.
-            self._fs.link(self._slot_path(key, 0), path)
-        except FileExistsError:
-            pass  # marked already (an earlier attempt, or an earlier claim's)
-        except OSError as error:
-            raise StoreIOError("marking an item committing", path, error) from error
-
-    def _unmark_committing(self, key: str) -> None:
-        with contextlib.suppress(OSError):  # a mark left behind costs a look, no more
-            self._fs.unlink(f"{self._committing}/{key}")
-
-    def quarantined(self) -> list[ItemState]:
-        return [state for state in self.items() if state.status is ItemStatus.QUARANTINED]
-
-    def stored_result(self, work_id: str) -> bytes:
-        """The committed result of a COMMITTING or DONE item, verified against
-        its digest and size."""
-        state = self.read(work_id)
-        if state.object_id is None:
-            raise StoreError(
-                f"work id {_shown(work_id)} has no commit (it is {state.status.value})"
-            )
-        return self._result_of(state)
-
-    def roll_forward_candidates(
-        self, now: float | None = None, *, full: bool = False
-    ) -> list[RollForward]:
-        """COMMITTING items that this coordinator should roll forward now, with
-        their stored results: those of an earlier incarnation of this
-        coordinator at once, and those whose owner's heartbeat this store has
-        seen stand still for `ttl + margin` (the first look starts the watch).
-        Rerun triage on each result, then `complete(work_id, token)`.
-
-        It looks only at items marked "maybe committing" (O(those), not
-        O(items)): a commit slot is linked only after its mark exists, and a
-        mark goes only once its item is final. A power loss can drop a mark
-        whose commit survived (the mark's directory is not fsynced), so a
-        coordinator's first look after its start is `full`: see
-        `mark_committing_items`. A claim that finds an item COMMITTING marks
-        it again too (a stale "absent" may have hidden that commit from the
-        full look)."""
-        now = self._now(now)
-        candidates = []
-        self._deferred_in_look = {}
-        if full:
-            self.mark_committing_items()
-        for state in self._marked_committing():
-            assert state.owner is not None and state.token is not None
-            if state.owner == self._owner:
-                continue  # ours: this incarnation is finishing it
-            predecessor = self._owner is not None and state.owner.is_predecessor_of(self._owner)
-            if predecessor or self._stalled(state.key, state.token, now):
-                try:
-                    result = self._result_of(state)
-                except CorruptObject as error:
-                    # Committed, but its result is rotted: reported and left
-                    # COMMITTING (never completed without its triage).
-                    self._set_aside[state.key] = SetAside(state.key, state.work_id, str(error))
-                    continue
-                except (ObjectNotFound, StoreIOError) as error:
-                    # "Absent" may be a stale look-up, and a read may fail
-                    # once: skipped for this look only, the next one retries.
-                    self._deferred_in_look[state.key] = str(error)
-                    continue
-                candidates.append(RollForward(state, result))
-        return candidates
-
-    @property
-    def deferred_in_last_look(self) -> dict[str, str]:
-        """Items the last roll-forward look skipped for a read that may
-        succeed next time (a failed read, a result object not found): key ->
-        the error. They hold up no other item."""
-        return dict(self._deferred_in_look)
-
-    @property
-    def set_aside(self) -> list[SetAside]:
-        """Items the roll-forward looks of this store could not read, in the
-        order found; the looks skip them from then on (each is reported once)."""
-        return list(self._set_aside.values())
-
-    def _result_of(self, state: ItemState) -> bytes:
-        assert state.object_id is not None
-        content = self.objects.get(state.object_id)
-        if len(content) != state.result_size:
-            raise CorruptObject(
-                state.object_id,
-                self.objects.path_of(state.object_id),
-                f"{len(content)} bytes, but its commit record says {state.result_size}",
-            )
-        return content
-
-    def _state(self, key: str, work_id: str, chain: list[Record]) -> ItemState:
-        lost = _lost_claims(chain)
-        if not chain:
-            return ItemState(work_id, key, ItemStatus.FREE, 0, None, None, None, None, lost)
-        head = chain[-1]
-        status = _STATUS_OF[head.change]
-        if head.change is Change.QUARANTINE:
-            return ItemState(work_id, key, status, head.slot, None, None, None, None, lost)
-        claim = chain[head.token - 1]
-        commit = chain[head.token] if head.change in (Change.COMMIT, Change.DONE) else None
-        return ItemState(
-            work_id,
-            key,
-            status,
-            head.slot,
-            head.token,
-            claim.owner,
-            None if commit is None else commit.object_id,
-            None if commit is None else commit.size,
-            lost,
-        )

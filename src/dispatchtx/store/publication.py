@@ -28,6 +28,7 @@ from dispatchtx.store.objects import ObjectStore
 from dispatchtx.store.records import (
     _HEARTBEAT_PREFIX,
     _KEY,
+    _MAX_RECORD_BYTES,
     _SLOT_NAME,
     _SLOT_PREFIX,
     DEFAULT_MAX_WORK_ID_BYTES,
@@ -124,6 +125,9 @@ class SlotChains:
         # directory -> nonces linked there whose batch fsync failed: the next
         # successful fsync of that directory settles them all.
         self._unsynced: dict[str, set[str]] = {}
+        # Nonces of ours made durable by such a later fsync, not yet asked
+        # about again (`begin_commit` then answers COMMITTED, not DUPLICATE).
+        self._settled_late: set[str] = set()
         # Claimer's watch, one per item: key -> (token, heartbeat seen, monotonic
         # time it was first seen). Watching another token replaces it.
         self._watch: dict[str, tuple[int, object, float]] = {}
@@ -132,6 +136,9 @@ class SlotChains:
         self._set_aside: dict[str, SetAside] = {}
         # Items the last look skipped for a read that may succeed later.
         self._deferred_in_look: dict[str, str] = {}
+        # Inside `_publish_many`: the one file every record of the group is
+        # linked from (its bytes, and the temp once written).
+        self._shared: _SharedFile | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -205,9 +212,12 @@ class SlotChains:
             raise OutcomeUnknown("batch", failed[0], failed[1])
 
     def _synced(self, directory: str) -> None:
-        """`directory` was fsynced: what a failed batch linked there is durable."""
+        """`directory` was fsynced: what a failed batch linked there is durable.
+        Those nonces are remembered as ours until an operation asks again."""
         if self._unsynced:
-            self._pending.difference_update(self._unsynced.pop(directory, ()))
+            settled = self._unsynced.pop(directory, set())
+            self._pending.difference_update(settled)
+            self._settled_late.update(settled)
 
     def _fsync_dir_retried(self, directory: str) -> OSError | None:
         """fsync `directory`, retried; None once it succeeded, else the last error."""
@@ -389,7 +399,7 @@ class SlotChains:
             action,
             path,
             self._slots,
-            record.encode(),
+            record.encode() if self._shared is None else b"",  # a group's file holds it
             record.nonce,
             lambda: self._read_slot(key, record.slot),
         )
@@ -435,8 +445,7 @@ class SlotChains:
                     self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
                 try:
                     if temp is None:
-                        temp = self._fs.write_temp(self._tmp, data)
-                        temps.append(temp)
+                        temp = self._write_temp(data, temps)
                     linked_once = True
                     holder: _Held | None = None
                     try:
@@ -449,6 +458,8 @@ class SlotChains:
                             return False, holder
                     except FileNotFoundError as error:
                         temp = None  # our temp vanished (a stale handle): write it again
+                        if self._shared is not None:
+                            self._shared.temp = None
                         last_error = error
                         continue
                     # Ours (now or by an earlier attempt): make the slot durable.
@@ -481,6 +492,73 @@ class SlotChains:
             for leftover in temps:
                 with contextlib.suppress(OSError):  # a leftover temp is garbage, never data
                     self._fs.unlink(leftover)
+
+    def _write_temp(self, data: bytes, temps: list[str]) -> str:
+        """A fsynced temp holding `data`, or, inside `_publish_many`, the
+        group's one file (written once, then linked into every slot)."""
+        shared = self._shared
+        if shared is None:
+            temp = self._fs.write_temp(self._tmp, data)
+            temps.append(temp)
+            return temp
+        if shared.temp is None:
+            shared.temp = self._fs.write_temp(self._tmp, shared.data)
+            shared.temps.append(shared.temp)
+        return shared.temp
+
+    def _publish_many(
+        self, chains: list[list[tuple[str, Record]]], action: str
+    ) -> list[list[_Published | StoreError]]:
+        """Publish records as their slots, all from ONE file: the records are
+        written together and fsynced once, that inode is linked into each
+        slot's name (each `link` is still its slot's compare-and-swap; a
+        reader finds its record in the file by item and slot), and `slots/`
+        is fsynced once at the end (or at the end of the enclosing `batch()`).
+
+        `chains` holds, per item, records in slot order; an item's next record
+        is published only while the one before it was ours. Returns, per item,
+        what `_publish` returned for each record tried, or the `StoreError` it
+        raised (which ends that item's list): one item's failure stops no
+        other. Until this returns, nothing published here is durable."""
+        results: list[list[_Published | StoreError]] = []
+        for group, data in _groups_that_fit(chains):
+            self._shared = _SharedFile(data)
+            try:
+                if self._deferred is not None:
+                    results.extend(self._publish_each(group, action))
+                else:
+                    first = len(results)
+                    try:
+                        with self.batch():
+                            results.extend(self._publish_each(group, action))
+                    except OutcomeUnknown as error:
+                        # Linked, not durable: unknown until each is settled.
+                        for index in range(first, len(results)):
+                            results[index] = [error]
+            finally:
+                shared, self._shared = self._shared, None
+                for leftover in shared.temps:
+                    with contextlib.suppress(OSError):  # garbage, never data
+                        self._fs.unlink(leftover)
+        return results
+
+    def _publish_each(
+        self, group: list[list[tuple[str, Record]]], action: str
+    ) -> list[list[_Published | StoreError]]:
+        results: list[list[_Published | StoreError]] = []
+        for chain in group:
+            published: list[_Published | StoreError] = []
+            for key, record in chain:
+                try:
+                    one = self._publish(key, record, action)
+                except StoreError as error:
+                    published.append(error)
+                    break
+                published.append(one)
+                if not one.ours or one.record.nonce != record.nonce:
+                    break  # the slot holds another record: what follows would not fit
+            results.append(published)
+        return results
 
     def _settle(self, key: str, record: Record, action: str) -> None:
         """Our earlier ambiguous publication turned up: make it durable before
@@ -569,6 +647,38 @@ class SlotChains:
             except OSError as error:
                 raise StoreIOError("creating a directory", needed, error) from error
             self._created.add(needed)
+
+
+class _SharedFile:
+    """The one file a `_publish_many` group links into every slot."""
+
+    __slots__ = ("data", "temp", "temps")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.temp: str | None = None
+        self.temps: list[str] = []
+
+
+def _groups_that_fit(
+    chains: list[list[tuple[str, Record]]],
+) -> Iterator[tuple[list[list[tuple[str, Record]]], bytes]]:
+    """`chains` cut into runs whose records fit one readable file, each with
+    that file's bytes."""
+    group: list[list[tuple[str, Record]]] = []
+    parts: list[bytes] = []
+    size = 0
+    for chain in chains:
+        encoded = [record.encode() for _, record in chain]
+        length = sum(map(len, encoded))
+        if group and size + length > _MAX_RECORD_BYTES:
+            yield group, b"".join(parts)
+            group, parts, size = [], [], 0
+        group.append(chain)
+        parts.extend(encoded)
+        size += length
+    if group:
+        yield group, b"".join(parts)
 
 
 def _nonce_of(holder: object) -> str:

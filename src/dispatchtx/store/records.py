@@ -6,6 +6,7 @@ the outcome enums)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import json
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_INCARNATION",
     "MAX_WORK_ID_BYTES_LIMIT",
     "DEFAULT_QUARANTINE_AFTER",
+    "INLINE_RESULT_BYTES",
     "ItemState",
     "ItemStatus",
     "Owner",
@@ -49,6 +51,9 @@ __all__ = [
 
 #: Work ids longer than this (UTF-8 bytes) are refused, not hashed.
 DEFAULT_MAX_WORK_ID_BYTES: Final = 64 * 1024
+#: A committed result up to this many bytes is written into its commit
+#: record (one file, one fsync) instead of an object of its own.
+INLINE_RESULT_BYTES: Final = 64 * 1024
 #: Lost claims (abandoned or taken over) after which an item is quarantined.
 DEFAULT_QUARANTINE_AFTER: Final = 3
 
@@ -157,6 +162,9 @@ class Record:
     # ABANDON: the claim's dispatch was never sent (a before-send undo); such
     # an abandon is no lost result and does not count towards quarantine.
     unsent: bool = False
+    # COMMIT: the result itself, when it is small enough to ride in the
+    # record (`INLINE_RESULT_BYTES`); else it is the object `object_id`.
+    result: bytes | None = None
 
     def encode(self) -> bytes:
         fields: dict[str, object] = {
@@ -172,6 +180,8 @@ class Record:
         if self.change is Change.COMMIT:
             fields["object"] = self.object_id
             fields["size"] = self.size
+            if self.result is not None:
+                fields["result"] = base64.b64encode(self.result).decode("ascii")
         if self.change is Change.ITEM:
             fields["work_id"] = self.work_id
         if self.change is Change.ABANDON and self.unsent:
@@ -181,7 +191,11 @@ class Record:
     @staticmethod
     def decode(data: bytes, path: str, key: str, slot: int) -> Record:
         """Parse and check a slot read from `path`, which must be slot `slot`
-        of item `key`: anything else is corrupt or foreign."""
+        of item `key`: anything else is corrupt or foreign. A file that a
+        group linked into several slots holds one record per line: the one
+        of this item and slot is read."""
+        if data.count(b"\n") > 1:
+            data = _line_of(data, path, key, slot)
         fields = _decode_fields(data, path)
         reader = _FieldReader(fields, path)
         change_name = reader.text("change")
@@ -190,6 +204,9 @@ class Record:
         except ValueError:
             raise CorruptRecord(path, f"unknown change {change_name!r}") from None
         extra = {"object", "size"} if change is Change.COMMIT else set()
+        inline = change is Change.COMMIT and "result" in fields
+        if inline:
+            extra = {"object", "size", "result"}
         if change is Change.ITEM:
             extra = {"work_id"}
         unsent = change is Change.ABANDON and "unsent" in fields
@@ -218,12 +235,29 @@ class Record:
             size=reader.integer("size", 0) if change is Change.COMMIT else None,
             work_id=reader.text("work_id") if change is Change.ITEM else None,
             unsent=unsent,
+            result=reader.inline_result() if inline else None,
         )
+        if record.result is not None and len(record.result) != record.size:
+            raise CorruptRecord(path, "its inline result does not have the size it states")
         if (slot == 0) != (change is Change.ITEM):
             raise CorruptRecord(path, f"a {change.value} record cannot be slot {slot}")
         if change is Change.ITEM and record.token != 0:
             raise CorruptRecord(path, "the first record carries no token")
         return record
+
+
+def _line_of(data: bytes, path: str, key: str, slot: int) -> bytes:
+    """The line of a group's file that holds slot `slot` of item `key`.
+    The body's keys are sorted and JSON escapes every quote inside a string,
+    so `"item":"<key>"` and `"slot":<n>,` can only be those fields."""
+    if len(data) > _MAX_RECORD_BYTES:
+        raise CorruptRecord(path, f"{len(data)} bytes, larger than any group of records")
+    item = f'"item":"{key}"'.encode("ascii")
+    numbered = f'"slot":{slot},'.encode("ascii")
+    for line in data.split(b"\n"):
+        if item in line and numbered in line:
+            return line + b"\n"
+    raise CorruptRecord(path, f"foreign record: its file holds no slot {slot} of this item")
 
 
 # Made once: `json.dumps` with options builds an encoder per call.
@@ -314,6 +348,13 @@ class _FieldReader:
         if _NONCE.fullmatch(nonce) is None:
             raise self._bad("nonce", "32 lowercase hex digits")
         return nonce
+
+    def inline_result(self) -> bytes:
+        value = self.text("result")
+        try:
+            return base64.b64decode(value, validate=True)
+        except (ValueError, UnicodeEncodeError):  # binascii.Error is a ValueError
+            raise self._bad("result", "base64") from None
 
     def object_id(self, name: str) -> str:
         value = self.text(name)
