@@ -553,7 +553,7 @@ def test_a_result_for_an_item_whose_chain_turned_corrupt_is_counted_and_dropped(
 def test_one_unreadable_committed_item_does_not_stop_roll_forward_of_the_others() -> None:
     world = make_world(workers=2, items=6)
     for peer in ("coord-b", "coord-c", "coord-d"):  # each killed after one commit
-        config = CoordinatorConfig(peer)
+        config = CoordinatorConfig(peer, commit_batch=1)
         plan = FaultPlan({FaultPoint.KILL_AFTER_STORE_COMMIT: 1.0})
         killed = Coordinator(config, world.transport, world.store(), world.workload, faults=plan)
         with contextlib.suppress(CoordinatorKilled):

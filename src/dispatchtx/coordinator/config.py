@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 from dispatchtx.journal import FsyncPolicy
 
-__all__ = ["CoordinatorConfig"]
+__all__ = ["DEFAULT_COMMIT_BATCH", "CoordinatorConfig"]
+
+
+#: Up to this many claims, or results, form one group commit by default.
+DEFAULT_COMMIT_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +37,11 @@ class CoordinatorConfig:
     # longer than the TTL cannot starve them (real clocks only: under the
     # simulator's virtual time, steps heartbeat).
     background_heartbeat: bool = False
-    # Group commit: up to this many claims of one pass over the free workers
-    # are made in one store batch, and up to this many results of one poll
-    # pass the fence in one (their slots' directories fsynced once, at the
-    # batch's end). 1: one at a time, the default: on this project's ext4
-    # disk larger batches did not pay (see the bench).
-    commit_batch: int = 1
+    # Group commit: up to this many claims of one pass over the free workers,
+    # and up to this many results of one poll (their commits, then their
+    # dones), are each written as one file, fsynced once, linked into every
+    # item's slot, with one fsync of slots/. 1: one at a time.
+    commit_batch: int = DEFAULT_COMMIT_BATCH
 
     def __post_init__(self) -> None:
         if type(self.commit_batch) is not int or self.commit_batch < 1:

@@ -27,6 +27,7 @@ from typing import Any
 from dispatchtx import COMPILED
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
 from dispatchtx.coordinator.audit import audit
+from dispatchtx.coordinator.config import DEFAULT_COMMIT_BATCH
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import FS, FaultyFS, RandomDiskFaults, RealClock, RealFS, SimulatedFS
@@ -141,8 +142,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--commit-batch",
         type=int_at_least(1),
-        default=1,
-        help="claim, and fence, up to this many items of one pass in one store batch",
+        default=DEFAULT_COMMIT_BATCH,
+        help="claim, commit and complete up to this many items of one pass as one group "
+        "(one file, one fsync); 1: one at a time",
     )
     parser.add_argument(
         "--spin",

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from dispatchtx.coordinator import Coordinator, CoordinatorConfig
+from dispatchtx.coordinator.config import DEFAULT_COMMIT_BATCH
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.fs import RealClock
 from dispatchtx.jobs.bench.common import filesystem_of
@@ -38,7 +39,7 @@ def durable_counts(
     workers: int,
     *,
     max_in_flight: int = 1,
-    commit_batch: int = 1,
+    commit_batch: int = DEFAULT_COMMIT_BATCH,
 ) -> dict[str, Any]:
     """The shape of one `mpi_job --fs real` run in process: a fresh store on
     the real disk through `CountingFS`, `workers` simulated workers, the same
@@ -124,17 +125,19 @@ def durable_run(
         "batching": batching,
         "notes": [
             "fsyncs counted on a fresh store per run, the shape of one mpi_job run (the job "
-            "starts on a fresh store too: its first commits also make objects/<aa>/ durable)",
-            "group commit (claims of one pass over the free workers, results of one poll: "
-            "their directory fsyncs at the end of one store batch) is off by default and on "
-            "only in the 'grouped' row; mpi_job runs no journal (the journal's group policy "
-            "is in section 5)",
+            "starts on a fresh store too: its first publications also make its directories "
+            "durable)",
+            f"group commit (the claims of one pass over the free workers, the commits of one "
+            f"poll's results, then their dones: each group one file, one fsync of it and one "
+            f"of slots/) is on by default (commit_batch {DEFAULT_COMMIT_BATCH}); 'one at a "
+            f"time' is commit_batch 1; mpi_job runs no journal (the journal's group policy is "
+            f"in section 5)",
         ],
     }
 
 
 BATCHING_DEPTH: Final = 4
-GROUPED: Final = 1024  # "grouped": every claim of a pass, every result of a poll
+GROUPED: Final = DEFAULT_COMMIT_BATCH  # "grouped", the default settings
 
 
 def durable_batching(
@@ -202,7 +205,7 @@ def durable_batching(
             if error is not None:
                 errors.append(error)
         on_tmpfs = _rates(samples, errors)
-    default = rows["one at a time"]  # the default settings
+    default = rows["grouped"]  # the default settings
     tmpfs_rate = None if on_tmpfs is None else on_tmpfs["median"]
     return {
         "max_in_flight": BATCHING_DEPTH,
@@ -211,8 +214,8 @@ def durable_batching(
         "tmpfs": on_tmpfs,
         "default_fsyncs_per_item": sum(default["fsyncs_per_item"].values()),
         "default_over_tmpfs": None
-        if single_rate is None or not tmpfs_rate
-        else single_rate / tmpfs_rate,
+        if grouped_rate is None or not tmpfs_rate
+        else grouped_rate / tmpfs_rate,
     }
 
 

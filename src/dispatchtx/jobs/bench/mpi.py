@@ -112,7 +112,7 @@ class JobRunner:
         fs: str,
         tag: str,
         *,
-        commit_batch: int = 1,
+        commit_batch: int | None = None,
         store_parent: str | None = None,
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.jobs.mpi_job` run, or the error; its
@@ -133,7 +133,7 @@ class JobRunner:
                 str(depth),
                 "--coordinator-id",
                 "bench",
-                *(["--commit-batch", str(commit_batch)] if commit_batch > 1 else []),
+                *([] if commit_batch is None else ["--commit-batch", str(commit_batch)]),
             ],
             tag,
         )

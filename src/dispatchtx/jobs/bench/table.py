@@ -186,7 +186,7 @@ def print_table(results: dict[str, Any]) -> None:
             )
             for error in dict.fromkeys(row["mpi"]["errors"]):
                 print(f"    failed: {error[:300]}")
-        print(f"  grouped / one at a time: {_x(batching['speedup'])}")
+        print(f"  grouped (the default) / one at a time: {_x(batching['speedup'])}")
         tmpfs = batching.get("tmpfs")
         if tmpfs is not None:
             print(
