@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ FENCE_RETRY_MAX_PAUSE = 0.05
 STORE_FAILURE_MAX_BACKOFF = 1.0
 
 
+# A dispatch triaged inside its committing boundary, its `done` not yet published.
+_AwaitingDone = tuple[int, Committed, AbstractContextManager[Transaction[DispatchTag]]]
+
+
 class Fencing(Recovery):
     """Results of `Coordinator` (which provides what is declared here)."""
 
@@ -58,6 +63,7 @@ class Fencing(Recovery):
     _store_failures_in_row: int
     _dispatch_paused_until: float
     _lock: threading.Lock
+    _awaiting_done: list[_AwaitingDone]
 
     if TYPE_CHECKING:
 
@@ -383,11 +389,11 @@ class Fencing(Recovery):
             self._parked.append(dispatch_id)
 
     def _commit_group(self, dispatch_ids: list[int]) -> None:
-        """`_commit` of several dispatches past the fence: each triaged inside
-        its committing boundary, then every `done` in one file
-        (`complete_many`), then each boundary left (its releases run). One
-        that fails is parked, as `_commit` parks it; the others go on."""
-        triaged: list[tuple[int, Committed, AbstractContextManager[Transaction[DispatchTag]]]] = []
+        """`_commit` of several dispatches past the fence, in two halves: each
+        is triaged now, inside its committing boundary, and waits there for
+        its `done`, which goes with the next group of claims (one file for
+        both, `_publish_awaiting_done`) or on its own if none comes. One that
+        fails is parked, as `_commit` parks it; the others go on."""
         for dispatch_id in dispatch_ids:
             committed = self._committed[dispatch_id]
             boundary = self.tables.committing(dispatch_id)
@@ -401,9 +407,28 @@ class Fencing(Recovery):
                     boundary.__exit__(type(error), error, error.__traceback__)
                 self._park(dispatch_id, error)
                 continue
-            triaged.append((dispatch_id, committed, boundary))
-        outcomes = self.store.complete_many([(c.work_id, c.token) for _, c, _ in triaged])
-        for (dispatch_id, committed, boundary), outcome in zip(triaged, outcomes, strict=True):
+            self._awaiting_done.append((dispatch_id, committed, boundary))
+
+    def _take_awaiting_done(self) -> list[_AwaitingDone]:
+        awaiting, self._awaiting_done = self._awaiting_done, []
+        return awaiting
+
+    def _flush_awaiting_done(self) -> None:
+        """The `done`s still waiting, as one group of their own."""
+        awaiting = self._take_awaiting_done()
+        if awaiting:
+            outcomes = self.store.complete_many([(c.work_id, c.token) for _, c, _ in awaiting])
+            self._finish_awaiting_done(awaiting, outcomes)
+
+    def _finish_awaiting_done(
+        self,
+        awaiting: list[_AwaitingDone],
+        outcomes: Sequence[CompleteOutcome | Exception],
+    ) -> None:
+        """After the group that held their `done`s is durable: leave each
+        boundary (its releases run), or park the dispatch whose `done` did not
+        get a plain answer (its retry triages again and completes)."""
+        for (dispatch_id, committed, boundary), outcome in zip(awaiting, outcomes, strict=True):
             try:
                 if isinstance(outcome, Exception):
                     raise outcome

@@ -32,7 +32,7 @@ from dispatchtx import (
 )
 from dispatchtx.coordinator.config import CoordinatorConfig
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
-from dispatchtx.coordinator.fence import Fencing
+from dispatchtx.coordinator.fence import Fencing, _AwaitingDone
 from dispatchtx.coordinator.recovery import Committed
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.coordinator.workers import Strikes
@@ -45,6 +45,7 @@ from dispatchtx.resources.lease import ClaimRefused, WorkLease, WorkLeases
 from dispatchtx.store import (
     ClaimOutcome,
     ClaimResult,
+    CompleteOutcome,
     CorruptRecord,
     OutcomeUnknown,
     StoreError,
@@ -127,6 +128,7 @@ class Coordinator(Fencing):
         # A fence attempt that stored nothing (a full disk) pauses new claims
         # for a while, doubling while the store keeps failing.
         self._store_failures_in_row = 0
+        self._awaiting_done: list[_AwaitingDone] = []
         self._dispatch_paused_until = float("-inf")
         self._recovered = False
         # The first look for items to roll forward reads every item: after a
@@ -229,6 +231,7 @@ class Coordinator(Fencing):
         self._held_back.clear()
         if late:  # late answers still on their way arrive now
             self._fence_batch(late)
+        self._flush_awaiting_done()
         failures = self.tables.shutdown()
         self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
         for _ in range(3):  # entries an earlier incarnation left, if any remain
@@ -250,18 +253,21 @@ class Coordinator(Fencing):
     def _dispatch_to_free_workers(self) -> None:
         # O(dispatches made): free slots are kept, never searched for. A slot
         # given back in this pass (a refused claim) waits for the next one.
-        if self._dispatch_paused_until > self.transport.now():
-            return  # the store failed to take results: no new claims for now
-        budget = len(self._free_slots)
-        batch = self.config.commit_batch
-        while budget > 0:
-            wanted = min(batch, budget)
-            pairs = self._take_pairs(wanted)
-            budget -= len(pairs)
-            if pairs:
-                self._dispatch_batch(pairs)
-            if len(pairs) < wanted:
-                return  # out of free workers or of startable items
+        # The `done`s of the last poll's group go with the first group of
+        # claims, or on their own when no group is made.
+        if self._dispatch_paused_until <= self.transport.now():
+            budget = len(self._free_slots)
+            batch = self.config.commit_batch
+            while budget > 0:
+                wanted = min(batch, budget)
+                pairs = self._take_pairs(wanted)
+                budget -= len(pairs)
+                if pairs:
+                    self._dispatch_batch(pairs)
+                if len(pairs) < wanted:
+                    break  # out of free workers or of startable items
+        # (Else the store failed to take results: no new claims for now.)
+        self._flush_awaiting_done()
 
     def _take_pairs(self, wanted: int) -> list[tuple[int, str]]:
         """Up to `wanted` (free worker, next item) pairs; fewer when either
@@ -285,11 +291,13 @@ class Coordinator(Fencing):
         now = self.transport.now()
         opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]] = []
         ahead: list[tuple[str, int]] = []
+        awaiting = self._take_awaiting_done()
+        dones: list[CompleteOutcome | Exception] = []
         next_pair = 0
         try:
             with self.store.batch():
-                if len(pairs) > 1:
-                    ahead = self._claim_ahead(pairs, now)
+                if len(pairs) > 1 or awaiting:
+                    ahead, dones = self._claim_ahead(pairs, now, awaiting)
                 for worker, work_id in pairs:
                     next_pair += 1
                     one = self._open(worker, work_id, now)
@@ -302,6 +310,8 @@ class Coordinator(Fencing):
             log.info("a group of claims did not become durable; none is sent: %s", error)
             for txn, _, _, _ in opened:
                 self._compensate(txn)
+            # Their `done`s are not known durable: each is settled by a retry.
+            self._finish_awaiting_done(awaiting, [error] * len(awaiting))
             return
         except BaseException:
             # An interrupt: what was opened is compensated (as the dispatch
@@ -311,9 +321,11 @@ class Coordinator(Fencing):
                 self.workload.give_back(work_id)
             for txn, _, _, _ in opened:
                 self._compensate(txn)
+            self._awaiting_done[:0] = awaiting  # still to settle (shutdown does)
             raise
         finally:
             self._abandon_unused(ahead, opened)
+        self._finish_awaiting_done(awaiting, dones)  # durable now: released
         if len(opened) > 1:
             self.stats.counts[Stat.CLAIM_BATCHES] += 1
             self.stats.counts[Stat.CLAIMS_IN_BATCHES] += len(opened)
@@ -325,23 +337,32 @@ class Coordinator(Fencing):
                     self._compensate(txn)
                 raise
 
-    def _claim_ahead(self, pairs: list[tuple[int, str]], now: float) -> list[tuple[str, int]]:
-        """Claim the items of `pairs` together (`claim_many`: one file for
-        their records); each `_open` then adopts its item's claim (the store
-        answers ALREADY_HELD). Returns the claims made here, (work id, token).
-        A failure here is no failure of the pass: `_open` claims on its own."""
+    def _claim_ahead(
+        self, pairs: list[tuple[int, str]], now: float, awaiting: list[_AwaitingDone]
+    ) -> tuple[list[tuple[str, int]], list[CompleteOutcome | Exception]]:
+        """Claim the items of `pairs` together, and publish the `done`s
+        `awaiting`, as one group (`claim_and_complete`: one file for all
+        their records). Each `_open` then adopts its item's claim (the store
+        answers ALREADY_HELD). Returns the claims made here, (work id, token),
+        and the outcome of each `done`. A failure here is no failure of the
+        pass: `_open` claims on its own, and a `done` without a plain answer
+        is settled by a retry."""
+        completions = [(committed.work_id, committed.token) for _, committed, _ in awaiting]
         try:
-            results = self.store.claim_many([work_id for _, work_id in pairs], now)
+            results, dones = self.store.claim_and_complete(
+                [work_id for _, work_id in pairs], completions, now
+            )
         except Exception as error:  # the group as a whole: each is tried alone
             log.info("a group of claims failed, claiming one by one: %s", error)
-            return []
-        return [
+            return [], [error] * len(awaiting)
+        claimed = [
             (work_id, result.token)
             for (_, work_id), result in zip(pairs, results, strict=True)
             if isinstance(result, ClaimResult)
             and result.outcome is ClaimOutcome.CLAIMED
             and result.token is not None
         ]
+        return claimed, dones
 
     def _abandon_unused(
         self,

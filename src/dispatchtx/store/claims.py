@@ -11,7 +11,8 @@ import functools
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 from dispatchtx.store.errors import (
     CorruptRecord,
@@ -65,6 +66,21 @@ def _incarnation_numbers(names: list[str], coordinator_id: str) -> list[int]:
         and len(suffix) <= len(str(MAX_INCARNATION))  # no int() of a huge string
         and 1 <= int(suffix) <= MAX_INCARNATION
     )
+
+
+_Outcome = TypeVar("_Outcome")
+
+
+@dataclass(slots=True)
+class _Plan(Generic[_Outcome]):
+    """A group's plan for one kind of change: per call index, the answer
+    known so far; the items to publish ((index, key, slot, lost claims,
+    new: 1/0), their records); the indexes decided by the one-item call."""
+
+    results: list[_Outcome | Exception | None]
+    planned: list[tuple[int, str, int, int, int]] = field(default_factory=list)
+    records: list[list[tuple[str, Record]]] = field(default_factory=list)
+    alone: list[int] = field(default_factory=list)
 
 
 class WorkStore(ItemReads):
@@ -294,45 +310,73 @@ class WorkStore(ItemReads):
         Returns, in order, what `try_claim` would have returned for each, or
         the exception it would have raised. A later `try_claim` of an item
         claimed here answers ALREADY_HELD with the same token."""
-        owner = self._require_owner("claim")
+        return self.claim_and_complete(work_ids, (), now)[0]
+
+    def claim_and_complete(
+        self,
+        work_ids: Sequence[str],
+        completions: Sequence[tuple[str, int]],
+        now: float | None = None,
+    ) -> tuple[list[ClaimResult | Exception], list[CompleteOutcome | Exception]]:
+        """`claim_many(work_ids)` and `complete_many(completions)` as ONE
+        group: one file and one fsync of each kind for both (a coordinator's
+        `done`s of one poll go with the claims of its next dispatches)."""
         now = self._now(now)
-        results: list[ClaimResult | Exception | None] = [None] * len(work_ids)
-        plans: list[tuple[int, str, int, int, bool]] = []  # index, key, slot, lost, new
-        records: list[list[tuple[str, Record]]] = []
+        claims = self._plan_claims(work_ids, now) if work_ids else _Plan([])
+        dones = self._plan_completions(completions) if completions else _Plan([])
+        records = claims.records + dones.records
+        published = self._publish_many(records, "claim and complete") if records else []
+        split = len(claims.records)
+        return (
+            self._finish_claims(claims, published[:split], work_ids, now),
+            self._finish_completions(dones, published[split:], completions),
+        )
+
+    def _plan_claims(self, work_ids: Sequence[str], now: float) -> _Plan[ClaimResult]:
+        owner = self._require_owner("claim")
+        plan: _Plan[ClaimResult] = _Plan([None] * len(work_ids))
         seen: set[str] = set()
-        alone: list[int] = []
         for index, work_id in enumerate(work_ids):
             try:
                 key = self._key(work_id)
                 if key in seen:
-                    alone.append(index)
+                    plan.alone.append(index)
                     continue
                 seen.add(key)
                 chain = self._load(key, work_id, create=False)
                 head = chain[-1] if chain else None
                 lost = _lost_claims(chain)
                 if head is not None and head.change is not Change.ABANDON:
-                    alone.append(index)  # held, committing, final: try_claim decides
+                    plan.alone.append(index)  # held, committing, final: try_claim decides
                     continue
                 if lost >= self._quarantine_after or self._unsettled():
-                    alone.append(index)
+                    plan.alone.append(index)
                     continue
                 new = key not in self._work_ids
                 slot = len(chain) + 1
                 # As in try_claim: the counter exists before the claim is visible.
                 self._write_heartbeat(key, slot)
             except Exception as error:  # returned, as try_claim would raise it
-                results[index] = error
+                plan.results[index] = error
                 continue
             item: list[tuple[str, Record]] = []
             if new:
                 item.append((key, self._record(key, 0, Change.ITEM, 0, owner, work_id=work_id)))
             item.append((key, self._record(key, slot, Change.CLAIM, slot, owner)))
-            plans.append((index, key, slot, lost, new))
-            records.append(item)
-        published = self._publish_many(records, "claim") if records else []
+            plan.planned.append((index, key, slot, lost, int(new)))
+            plan.records.append(item)
+        return plan
+
+    def _finish_claims(
+        self,
+        plan: _Plan[ClaimResult],
+        published: list[list[_Published | StoreError]],
+        work_ids: Sequence[str],
+        now: float,
+    ) -> list[ClaimResult | Exception]:
+        results = plan.results
         for (index, key, slot, lost, new), item, outcome in zip(
-            plans, records, published, strict=True
+            plan.planned, plan.records, published, strict=True
         ):
             if new and isinstance(outcome[0], _Published) and outcome[0].ours:
                 self._work_ids[key] = work_ids[index]
@@ -348,8 +392,8 @@ class WorkStore(ItemReads):
             self._beats.pop((key, slot), None)
             if isinstance(claim, _Published) and claim.record.change is not Change.CLAIM:
                 self._drop_heartbeat(key, slot)  # the slot went to no claim: ours alone
-            alone.append(index)
-        for index in alone:
+            plan.alone.append(index)
+        for index in plan.alone:
             try:
                 results[index] = self.try_claim(work_ids[index], now)
             except Exception as error:
@@ -586,12 +630,12 @@ class WorkStore(ItemReads):
         file: one file fsync and one directory fsync for all. Returns, in
         order, what `complete` would have returned for each, or the exception
         it would have raised; one failure stops no other."""
+        return self.claim_and_complete((), completions)[1]
+
+    def _plan_completions(self, completions: Sequence[tuple[str, int]]) -> _Plan[CompleteOutcome]:
         owner = self._require_owner("complete")
-        outcomes: list[CompleteOutcome | Exception | None] = [None] * len(completions)
-        plans: list[tuple[int, str, int]] = []
-        records: list[list[tuple[str, Record]]] = []
+        plan: _Plan[CompleteOutcome] = _Plan([None] * len(completions))
         seen: set[str] = set()
-        alone: list[int] = []
         for index, (work_id, token) in enumerate(completions):
             try:
                 key = self._key(work_id)
@@ -599,30 +643,38 @@ class WorkStore(ItemReads):
                 chain = self._known_chain(key, work_id, upto=upto)
                 self._claim_at(work_id, chain, token)
             except Exception as error:  # returned, as complete would raise it
-                outcomes[index] = error
+                plan.results[index] = error
                 continue
             if key in seen or len(chain) != token + 1 or chain[token].change is not Change.COMMIT:
-                alone.append(index)  # done already, fenced out, or twice here
+                plan.alone.append(index)  # done already, fenced out, or twice here
                 continue
             seen.add(key)
-            plans.append((index, key, token))
-            records.append([(key, self._record(key, token + 2, Change.DONE, token, owner))])
-        published = self._publish_many(records, "complete") if records else []
-        for (index, key, token), (one,) in zip(plans, published, strict=True):
+            plan.planned.append((index, key, token, 0, 0))
+            plan.records.append([(key, self._record(key, token + 2, Change.DONE, token, owner))])
+        return plan
+
+    def _finish_completions(
+        self,
+        plan: _Plan[CompleteOutcome],
+        published: list[list[_Published | StoreError]],
+        completions: Sequence[tuple[str, int]],
+    ) -> list[CompleteOutcome | Exception]:
+        results = plan.results
+        for (index, key, token, _, _), (one,) in zip(plan.planned, published, strict=True):
             if isinstance(one, _Published) and one.ours and one.record.change is Change.DONE:
                 self._completed(key, token)
-                outcomes[index] = CompleteOutcome.COMPLETED
+                results[index] = CompleteOutcome.COMPLETED
             elif isinstance(one, OutcomeUnknown):
-                outcomes[index] = one  # complete settles it from the slot
+                results[index] = one  # complete settles it from the slot
             else:
-                alone.append(index)
-        for index in alone:
+                plan.alone.append(index)
+        for index in plan.alone:
             work_id, token = completions[index]
             try:
-                outcomes[index] = self.complete(work_id, token)
+                results[index] = self.complete(work_id, token)
             except Exception as error:
-                outcomes[index] = error
-        return [outcome for outcome in outcomes if outcome is not None]
+                results[index] = error
+        return [result for result in results if result is not None]
 
     def _completed(self, key: str, token: int) -> None:
         """Our `done` for claim `token` is durable: what the claim kept goes."""
