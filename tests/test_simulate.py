@@ -19,6 +19,9 @@ def test_a_short_simulation_shows_no_violation() -> None:
     assert summary.failed == []
     assert summary.counts["committed"] > 0
     assert summary.fired["coordinator-killed"] > 0
+    # Most schedules draw group commit, and their groups are made.
+    assert summary.grouped >= 30 and summary.counts["results in group commits"] > 0
+    assert summary.as_json()["schedules_with_group_commit"] == summary.grouped
 
 
 @pytest.mark.slow

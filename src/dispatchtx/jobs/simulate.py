@@ -545,11 +545,13 @@ class SimulationSummary:
     fired: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)
     failed: list[tuple[int, list[str]]] = field(default_factory=list)
+    grouped: int = 0  # schedules whose coordinators ran group commit (commit_batch > 1)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
             "schedules": self.schedules,
+            "schedules_with_group_commit": self.grouped,
             "seconds": round(self.seconds, 3),
             "violations": len(self.failed),  # schedules with at least one
             "failed_schedules": [{"schedule": n, "violations": v} for n, v in self.failed],
@@ -567,6 +569,7 @@ def run_schedules(seed: int, schedules: int, *, progress: bool = False) -> Simul
         report = run_schedule(seed, schedule)
         summary.fired.update(report.fired)
         summary.counts.update(report.counts)
+        summary.grouped += report.shape["commit_batch"] > 1
         if report.violations:
             summary.failed.append((schedule, report.violations))
         if progress and (schedule % 50 == 0 or schedule == schedules - 1):
@@ -586,6 +589,7 @@ def main(schedules: int, seed: int, json_path: str | None) -> int:
     summary = run_schedules(seed, schedules, progress=True)
     result = summary.as_json()
     print(f"simulate: {schedules} schedules, seed {seed}, {summary.seconds:.1f} s")
+    print(f"schedules with group commit (commit_batch > 1): {summary.grouped}")
     print(f"{'fault point':<32}{'fired':>10}")
     for name, count in result["faults_fired"].items():
         print(f"{name:<32}{count:>10}")
