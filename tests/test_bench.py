@@ -186,7 +186,7 @@ def test_targets_are_judged_from_the_figures() -> None:
     # futures at depth 4, raw at its best; durable bound, 1 fsync, tmpfs.
     assert verdicts == [True, True, False, False, True, False, True, False, True, False, True]
     assert "depth 4" in found[6]["target"]
-    assert found[9]["measured"] == "1.5"
+    assert found[9]["measured"] == "1.50 (counted in the process)"
 
 
 def test_a_tiny_run_prints_its_table_and_its_json_is_plain(

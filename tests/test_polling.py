@@ -4,6 +4,7 @@ while messages flow, back off once idle."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -129,4 +130,58 @@ def test_an_idle_coordinator_stays_backed_off_from_one_poll_to_the_next(
     transport.send(0, Work(1, "item", 1, None, {}))
     assert transport.poll(0.003) == []
     assert yields > 0  # a message went out: its answer is due soon
+    transport.close()
+
+
+class _Status:
+    def __init__(self) -> None:
+        self.count = 0
+        self.source = 0
+
+    def Get_count(self, datatype: object = None) -> int:
+        return self.count
+
+    def Get_source(self) -> int:
+        return self.source
+
+
+class _Message:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def Recv(self, buffer: bytearray) -> None:
+        buffer[:] = self.data
+
+
+class _TricklingComm(_QuietComm):
+    """Results that are all on their way, but each probe makes progress for
+    one of them only on every other call (as MPICH's ch4 devices did here)."""
+
+    def __init__(self, results: list[bytes]) -> None:
+        self.waiting = list(results)
+        self.probes = 0
+
+    def Improbe(  # type: ignore[override]
+        self, source: int, tag: int, status: Any
+    ) -> _Message | None:
+        self.probes += 1
+        if not self.waiting or self.probes % 2:
+            return None
+        data = self.waiting.pop(0)
+        status.count, status.source = len(data), 1
+        return _Message(data)
+
+
+def test_a_poll_takes_every_result_on_its_way_not_only_the_first() -> None:
+    pytest.importorskip("mpi4py")
+    from dispatchtx.transport import MPITransport, Result
+    from dispatchtx.transport.messages import _encode_result
+
+    results = [_encode_result(Result(n, f"item-{n}", 1, b"r", 0.0)) for n in range(8)]
+    comm = _TricklingComm(results)
+    transport = MPITransport(comm, spin=0.001)  # type: ignore[arg-type]
+    arrived = transport.poll(0.05)
+    assert [message.dispatch_id for _, message in arrived] == list(range(8))  # type: ignore[union-attr]
+    assert comm.waiting == []
+    assert transport.poll(0.0) == []
     transport.close()

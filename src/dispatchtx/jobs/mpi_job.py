@@ -38,6 +38,7 @@ from dispatchtx.jobs.arguments import (
     new_file,
     positive_float,
 )
+from dispatchtx.jobs.bench.store_counting import CountingFS
 from dispatchtx.jobs.workloads.fuzz import FuzzConfig, FuzzWorkload, fuzz_task
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import StoreError, WorkStore
@@ -140,6 +141,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--hang-after", type=int_at_least(0), default=3, help="...after this many tasks"
     )
     parser.add_argument(
+        "--count-fsyncs",
+        action="store_true",
+        help="with --fs real: count every fsync the store does, reported per committed item",
+    )
+    parser.add_argument(
         "--commit-batch",
         type=int_at_least(1),
         default=DEFAULT_COMMIT_BATCH,
@@ -170,7 +176,8 @@ def _world_size() -> int | None:
 
 def _coordinator(comm: Any, args: argparse.Namespace) -> int:
     transport = MPITransport(comm, send_timeout=max(1.0, args.deadline), spin=args.spin)
-    fs: FS = RealFS() if args.fs == "real" else SimulatedFS()
+    counting = CountingFS() if args.count_fsyncs else None
+    fs: FS = (counting or RealFS()) if args.fs == "real" else SimulatedFS()
     disk_faults = RandomDiskFaults(random.Random(args.seed), args.disk_fault_rate)
     if args.disk_fault_rate > 0:
         fs = FaultyFS(fs, disk_faults)
@@ -278,6 +285,12 @@ def _coordinator(comm: Any, args: argparse.Namespace) -> int:
         "reruns": workload.ledger.reruns,
         "not_done": workload.remaining(),
     }
+    if counting is not None:
+        # The whole run's fsyncs (its start included), by kind, per item committed.
+        committed = max(1, coordinator_stats[Stat.COMMITTED])
+        report["fsyncs_per_committed_item"] = {
+            kind: count / committed for kind, count in counting.count.by_kind.items()
+        }
     # Shut down before reporting leaks: every PREPARING and ACTIVE dispatch
     # is compensated, COMMITTING ones are finished.
     coordinator.shutdown()

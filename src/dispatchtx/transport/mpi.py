@@ -84,6 +84,10 @@ _MPI_STATS: Final = (
 )
 
 
+#: Empty probes in a row after which a poll that took a result stops draining.
+QUIET_PROBES: Final = 16
+
+
 @final
 class MPITransport:
     """The coordinator's end over MPI, on rank 0 of `comm` (any communicator).
@@ -280,6 +284,19 @@ class MPITransport:
                 self._stats["malformed"] += 1
                 self._inbox.append((worker, bytes(buffer)))
 
+    def _drain_until_quiet(self) -> None:
+        """Once a result is in: drain again until `QUIET_PROBES` probes in a
+        row bring nothing (or `max_batch` are in). Under MPICH's ch4 devices a
+        probe makes progress for about one message, so the results already
+        on their way show up over the next calls: measured here, a poll
+        otherwise took one result at a time with eight in flight, and the
+        coordinator's group commits were groups of one."""
+        quiet = 0
+        while quiet < QUIET_PROBES and len(self._inbox) < self._max_batch:
+            before = len(self._inbox)
+            self._drain()
+            quiet = 0 if len(self._inbox) > before else quiet + 1
+
     def _drop_oversized(self, message: MPI.Message, worker: int, count: int) -> None:
         """Receive a message over `max_result_bytes` into an empty buffer:
         MPI truncates it (ERR_TRUNCATE, the message consumed), so a worker
@@ -312,6 +329,7 @@ class MPITransport:
         while True:
             self._drain()
             if self._inbox:
+                self._drain_until_quiet()
                 backoff.reset()
                 arrived = list(self._inbox)
                 self._inbox.clear()

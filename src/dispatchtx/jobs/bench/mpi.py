@@ -92,6 +92,9 @@ class JobRunner:
         self.timeout = timeout
         self.jobs = 0
         self.job_seconds = 0.0
+        # The report of the last `dispatchtx` job that passed (its figures
+        # beyond the rate, e.g. the fsyncs it counted).
+        self.last_report: dict[str, Any] | None = None
 
     def run(self, ranks: int, python_args: Sequence[str], tag: str) -> JobOutcome:
         self.jobs += 1
@@ -114,6 +117,7 @@ class JobRunner:
         *,
         commit_batch: int | None = None,
         store_parent: str | None = None,
+        count_fsyncs: bool = False,
     ) -> tuple[float | None, str | None]:
         """results/s of one `dispatchtx.jobs.mpi_job` run, or the error; its
         store under `store_parent` (default: the jobs' directory)."""
@@ -134,6 +138,7 @@ class JobRunner:
                 "--coordinator-id",
                 "bench",
                 *([] if commit_batch is None else ["--commit-batch", str(commit_batch)]),
+                *(["--count-fsyncs"] if count_fsyncs else []),
             ],
             tag,
         )
@@ -143,6 +148,7 @@ class JobRunner:
             return None, outcome.error
         if not outcome.report.get("passed"):
             return None, f"the run did not pass its own checks: {outcome.report}"
+        self.last_report = outcome.report
         return float(outcome.report["results_per_second"]), None
 
 

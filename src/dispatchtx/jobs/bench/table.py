@@ -180,9 +180,11 @@ def print_table(results: dict[str, Any]) -> None:
             f"  batching, max_in_flight {batching['max_in_flight']} (results/s; fsyncs per item):"
         )
         for label, row in batching["rows"].items():
+            in_job = row.get("fsyncs_per_item_in_mpi_job")
             print(
                 f"  {'mpi_job --fs real, ' + label:<44}{_span(row['mpi']):>24} results/s  "
-                f"{_fsyncs_shown(row['fsyncs_per_item'])}"
+                f"{_fsyncs_shown(row['fsyncs_per_item'])} in process"
+                + ("" if in_job is None else f", {_fsyncs_shown(in_job)} in the job")
             )
             for error in dict.fromkeys(row["mpi"]["errors"]):
                 print(f"    failed: {error[:300]}")

@@ -106,7 +106,8 @@ def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
                 _target(
                     f"durable path, depth {depth}, default settings: <= 1.0 fsync per "
                     "committed item",
-                    f"{fsyncs:.1f}",
+                    f"{fsyncs:.2f} (counted in the "
+                    f"{batching.get('default_fsyncs_counted_in', 'process')})",
                     fsyncs <= 1.0,
                 )
             )
