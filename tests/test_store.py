@@ -1656,6 +1656,11 @@ def test_a_missing_first_slot_does_not_hold_up_the_other_roll_forwards(
     assert recoverer.set_aside == []
 
 
+def _first_record_and_mark(key: str) -> tuple[str, str]:
+    """The two names an item's work id can be read from (for fault rules)."""
+    return f"{key}.s.0000000000", f"committing/{key}"
+
+
 def test_a_first_record_and_a_mark_both_read_as_absent_for_a_while_are_read_again(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:
@@ -1667,7 +1672,7 @@ def test_a_first_record_and_a_mark_both_read_as_absent_for_a_while_are_read_agai
     plan = DiskFaultPlan(
         *(
             FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains=name, nth=n)
-            for name in (f"{key}.s.0000000000", f"committing/{key}")
+            for name in _first_record_and_mark(key)
             for n in range(3)
         )
     )
@@ -1690,7 +1695,7 @@ def test_a_marked_item_whose_names_stay_absent_is_set_aside_after_its_reads(
     plan = DiskFaultPlan(
         *(
             FaultRule(Fault(FaultKind.STALE_ABSENT), op=Op.READ, path_contains=name)
-            for name in (f"{key}.s.0000000000", f"committing/{key}")
+            for name in _first_record_and_mark(key)
         )
     )
     fs.fault = plan

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -81,6 +81,16 @@ class _Plan(Generic[_Outcome]):
     planned: list[tuple[int, str, int, int, int]] = field(default_factory=list)
     records: list[list[tuple[str, Record]]] = field(default_factory=list)
     alone: list[int] = field(default_factory=list)
+
+    def decided_alone(self, one: Callable[[int], _Outcome]) -> list[_Outcome | Exception]:
+        """Every answer, once those left to the one-item call `one(index)`
+        are in (an exception it raises is that index's answer)."""
+        for index in self.alone:
+            try:
+                self.results[index] = one(index)
+            except Exception as error:
+                self.results[index] = error
+        return [result for result in self.results if result is not None]
 
 
 class WorkStore(ItemReads):
@@ -393,12 +403,7 @@ class WorkStore(ItemReads):
             if isinstance(claim, _Published) and claim.record.change is not Change.CLAIM:
                 self._drop_heartbeat(key, slot)  # the slot went to no claim: ours alone
             plan.alone.append(index)
-        for index in plan.alone:
-            try:
-                results[index] = self.try_claim(work_ids[index], now)
-            except Exception as error:
-                results[index] = error
-        return [result for result in results if result is not None]
+        return plan.decided_alone(lambda index: self.try_claim(work_ids[index], now))
 
     def heartbeat(self, work_id: str, token: int) -> bool:
         """Rewrite the heartbeat counter of our claim `token` (off the chain,
@@ -539,18 +544,16 @@ class WorkStore(ItemReads):
         calling `begin_commit` again settles that one). One commit's failure
         stops no other."""
         owner = self._require_owner("begin_commit")
-        outcomes: list[CommitOutcome | Exception | None] = [None] * len(commits)
-        planned: list[tuple[int, str, int]] = []
-        records: list[list[tuple[str, Record]]] = []
+        plan: _Plan[CommitOutcome] = _Plan([None] * len(commits))
+        outcomes = plan.results
         seen: set[str] = set()
-        later: list[int] = []
         for index, (work_id, token, result) in enumerate(commits):
             try:
                 if not isinstance(result, bytes):
                     raise TypeError(f"result must be bytes, not {type(result).__name__}")
                 key = self._key(work_id)
                 if key in seen:
-                    later.append(index)  # decided after the group, on its own
+                    plan.alone.append(index)  # decided after the group, on its own
                     continue
                 seen.add(key)
                 upto = token if isinstance(token, int) else 0
@@ -568,10 +571,10 @@ class WorkStore(ItemReads):
             except Exception as error:  # returned, as begin_commit would raise it
                 outcomes[index] = error
                 continue
-            planned.append((index, key, token))
-            records.append([(key, record)])
-        published = self._publish_many(records, "begin_commit") if records else []
-        for (index, key, token), (one,) in zip(planned, published, strict=True):
+            plan.planned.append((index, key, token, 0, 0))
+            plan.records.append([(key, record)])
+        published = self._publish_many(plan.records, "begin_commit") if plan.records else []
+        for (index, key, token, _, _), (one,) in zip(plan.planned, published, strict=True):
             if isinstance(one, Exception):
                 outcomes[index] = one
                 continue
@@ -585,14 +588,7 @@ class WorkStore(ItemReads):
                     )
             except Exception as error:
                 outcomes[index] = error
-        for index in later:
-            work_id, token, result = commits[index]
-            try:
-                outcomes[index] = self.begin_commit(work_id, token, result)
-            except Exception as error:
-                outcomes[index] = error
-        assert all(outcome is not None for outcome in outcomes)
-        return [outcome for outcome in outcomes if outcome is not None]
+        return plan.decided_alone(lambda index: self.begin_commit(*commits[index]))
 
     def _commit_record(self, key: str, token: int, owner: Owner, result: bytes) -> Record:
         """The commit slot's record. A small result rides in it; a larger
@@ -668,13 +664,7 @@ class WorkStore(ItemReads):
                 results[index] = one  # complete settles it from the slot
             else:
                 plan.alone.append(index)
-        for index in plan.alone:
-            work_id, token = completions[index]
-            try:
-                results[index] = self.complete(work_id, token)
-            except Exception as error:
-                results[index] = error
-        return [result for result in results if result is not None]
+        return plan.decided_alone(lambda index: self.complete(*completions[index]))
 
     def _completed(self, key: str, token: int) -> None:
         """Our `done` for claim `token` is durable: what the claim kept goes."""

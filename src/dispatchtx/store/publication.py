@@ -219,12 +219,17 @@ class SlotChains:
             self._pending.difference_update(settled)
             self._settled_late.update(settled)
 
+    def _pause_before_retry(self, attempt: int) -> None:
+        """Before attempt `attempt` (0 is the first: no pause) of a retried
+        step: 1 ms, doubling, at most 50 ms."""
+        if attempt:
+            self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+
     def _fsync_dir_retried(self, directory: str) -> OSError | None:
         """fsync `directory`, retried; None once it succeeded, else the last error."""
         last_error: OSError | None = None
         for attempt in range(self._attempts):
-            if attempt:
-                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+            self._pause_before_retry(attempt)
             try:
                 self._fs.fsync_dir(directory)
             except OSError as error:
@@ -257,7 +262,7 @@ class SlotChains:
                 # Slot 0 is durable before slot 1 is linked: an "absent" here is a
                 # stale negative look-up, or the record really is missing.
                 for attempt in range(1, self._attempts):
-                    self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+                    self._pause_before_retry(attempt)
                     first = self._read_first(key)
                     if first is not None:
                         break
@@ -441,8 +446,7 @@ class SlotChains:
         self._pending.add(nonce)
         try:
             for attempt in range(self._attempts):
-                if attempt:
-                    self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+                self._pause_before_retry(attempt)
                 try:
                     if temp is None:
                         temp = self._write_temp(data, temps)

@@ -149,8 +149,7 @@ class ItemReads(SlotChains):
         being so (a cached negative look-up), so they are tried again, with
         a pause, before the item is taken for corrupt."""
         for attempt in range(self._attempts):
-            if attempt:
-                self._pause(min(0.001 * 2 ** (attempt - 1), 0.05))
+            self._pause_before_retry(attempt)
             work_id = self._work_id_of(key) or self._work_id_of_mark(key)
             if work_id is not None:
                 return work_id
