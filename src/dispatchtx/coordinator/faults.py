@@ -86,6 +86,9 @@ class FaultPlan:
         self._rng = random.Random(seed)
         self._pending = set(at_least_once)
         self.fired: Counter[FaultPoint] = Counter()
+        # Counted while the plan can fire. One that cannot (no rates, nothing
+        # pending: every run without faults) answers at once: the dispatch
+        # path visits a dozen points per item.
         self.visits: Counter[FaultPoint] = Counter()
         self._kill = kill
         # Called just before a kill (e.g. to leave the counts behind).
@@ -97,6 +100,8 @@ class FaultPlan:
 
     def fires(self, point: FaultPoint) -> bool:
         """Visit `point`: True if the fault fires here (and count it)."""
+        if not self.rates and not self._pending:
+            return False
         self.visits[point] += 1
         if point in self._pending:
             self._pending.discard(point)

@@ -599,10 +599,16 @@ class WorkStore(ItemReads):
         else:
             object_id = self.objects.put(result)
             inline = None
-        record = self._record(
-            key, token + 1, Change.COMMIT, token, owner, object_id=object_id, size=len(result)
+        return self._record(
+            key,
+            token + 1,
+            Change.COMMIT,
+            token,
+            owner,
+            object_id=object_id,
+            size=len(result),
+            result=inline,
         )
-        return replace(record, result=inline)
 
     def _commit_settled(self, key: str, chain: list[Record], token: int) -> CommitOutcome | None:
         """The fence's answer if the slot after claim `token` is taken, else None."""

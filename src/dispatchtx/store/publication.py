@@ -393,8 +393,11 @@ class SlotChains:
         object_id: str | None = None,
         size: int | None = None,
         work_id: str | None = None,
+        result: bytes | None = None,
     ) -> Record:
-        return Record(key, slot, change, token, owner, _new_nonce(), object_id, size, work_id)
+        return Record(
+            key, slot, change, token, owner, _new_nonce(), object_id, size, work_id, result=result
+        )
 
     def _publish(self, key: str, record: Record, action: str) -> _Published:
         """Publish `record` as its slot; report whether we did and what the slot

@@ -14,6 +14,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from enum import Enum
+from json.encoder import encode_basestring_ascii
 from typing import Final
 
 from dispatchtx.store.errors import (
@@ -167,6 +168,47 @@ class Record:
     result: bytes | None = None
 
     def encode(self) -> bytes:
+        """The record's file line: the same bytes as `fields()` through the
+        sorted-keys JSON encoder, built by formatting (the record is written
+        once per publication: no dict, no encoder walk)."""
+        owner = self.owner
+        if (
+            type(self.slot) is not int
+            or type(self.token) is not int
+            or type(owner.incarnation) is not int
+        ):
+            return _encode_fields(self.fields())  # an odd value: the encoder decides
+        change = self.change
+        head = (
+            f'{{"change":"{change.value}","incarnation":{owner.incarnation},'
+            f'"item":{_quoted(self.item)},"nonce":{_quoted(self.nonce)},'
+        )
+        tail = f'"slot":{self.slot},"token":{self.token},'
+        owned = f'"owner":{_quoted(owner.coordinator)},'
+        if change is Change.COMMIT:
+            if type(self.object_id) is not str or type(self.size) is not int:
+                return _encode_fields(self.fields())
+            result = (
+                ""
+                if self.result is None
+                else f'"result":"{base64.b64encode(self.result).decode("ascii")}",'
+            )
+            body = (
+                f'{head}"object":{_quoted(self.object_id)},{owned}{result}'
+                f'"size":{self.size},{tail}"v":{_RECORD_VERSION}}}'
+            )
+        elif change is Change.ITEM:
+            if type(self.work_id) is not str:
+                return _encode_fields(self.fields())
+            body = f'{head}{owned}{tail}"v":{_RECORD_VERSION},"work_id":{_quoted(self.work_id)}}}'
+        elif change is Change.ABANDON and self.unsent:
+            body = f'{head}{owned}{tail}"unsent":true,"v":{_RECORD_VERSION}}}'
+        else:
+            body = f'{head}{owned}{tail}"v":{_RECORD_VERSION}}}'
+        return _framed(body.encode("ascii"))
+
+    def fields(self) -> dict[str, object]:
+        """The record's fields as its file's JSON body holds them."""
         fields: dict[str, object] = {
             "v": _RECORD_VERSION,
             "item": self.item,
@@ -186,7 +228,7 @@ class Record:
             fields["work_id"] = self.work_id
         if self.change is Change.ABANDON and self.unsent:
             fields["unsent"] = True
-        return _encode_fields(fields)
+        return fields
 
     @staticmethod
     def decode(data: bytes, path: str, key: str, slot: int) -> Record:
@@ -266,10 +308,17 @@ _ENCODER: Final = json.JSONEncoder(
 )
 
 
+# JSON's own quoting (C): a string quoted as the encoder above quotes it.
+_quoted: Final = encode_basestring_ascii
+
+
 def _encode_fields(fields: dict[str, object]) -> bytes:
-    body = _ENCODER.encode(fields).encode("ascii")
+    return _framed(_ENCODER.encode(fields).encode("ascii"))
+
+
+def _framed(body: bytes) -> bytes:
     checksum = hashlib.sha256(body).hexdigest().encode("ascii")
-    return b" ".join((_RECORD_MAGIC, checksum, body)) + b"\n"
+    return b"%s %s %s\n" % (_RECORD_MAGIC, checksum, body)
 
 
 def _decode_fields(data: bytes, path: str) -> dict[str, object]:
