@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from dispatchtx.fs import RealFS
 from dispatchtx.jobs import bench
+from dispatchtx.jobs.bench.fs_timing import TimedFS
 from dispatchtx.launch import MPIExecNotFound, find_mpiexec
 from dispatchtx.store import object_id_of
 
@@ -94,6 +96,45 @@ def test_coordinator_scaling_commits_every_item_and_leaks_nothing() -> None:
     assert row["objects_shipped_per_dispatch"] == 1.0  # each item ships its own object
     assert row["leaks"] == []
     assert row["counts"]["committed"] == 40 * 3  # the warm-up run too
+
+
+def test_a_timed_scaling_run_counts_the_disk_calls_of_each_committed_item(
+    tmp_path: Path,
+) -> None:
+    row = bench.coordinator_scaling(
+        workers=4, items=30, reps=1, store_dir=str(tmp_path), timed=True
+    )
+    assert row["counts"]["committed"] == 30 * 2 and row["leaks"] == []
+    calls = row["fs"]["calls_per_item"]
+    # Each committed item's slots are linked (first record, claim, commit,
+    # done) and the journal appends its dispatch and its done: a run whose
+    # calls were not counted, or not per item, cannot show these.
+    assert calls["link"] >= 4
+    assert calls["append"] == 2
+    assert 0 < row["fs"]["us_per_item"] < row["us_per_item"]["median"]
+
+
+def test_timed_fs_times_every_call_and_counts_failed_ones(tmp_path: Path) -> None:
+    timed = TimedFS(RealFS())
+    with pytest.raises(FileNotFoundError):
+        timed.read(str(tmp_path / "absent"))
+    temp = timed.write_temp(str(tmp_path), b"x")
+    timed.link(temp, str(tmp_path / "linked"))
+    handle = timed.open_append(str(tmp_path / "journal"))
+    handle.append(b"record\n")
+    handle.fsync()
+    handle.close()
+    assert timed.read(str(tmp_path / "linked")) == b"x"
+    assert dict(timed.calls) == {
+        "read": 2,
+        "write_temp": 1,
+        "link": 1,
+        "open_append": 1,
+        "append": 1,
+        "fsync": 1,
+    }
+    assert set(timed.seconds) == set(timed.calls)
+    assert timed.total_seconds() == pytest.approx(sum(timed.seconds.values()))
 
 
 def test_periodic_scans_are_timed() -> None:

@@ -22,6 +22,7 @@ from dispatchtx.fs import FS, RealFS, SimulatedFS
 from dispatchtx.jobs.bench.common import filesystem_type, spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import load_builds, median_of, time_lifecycles_across
+from dispatchtx.jobs.bench.fs_timing import TimedFS
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import WorkStore, object_id_of
 from dispatchtx.transport import SimulatedTransport, TransportClock
@@ -94,17 +95,24 @@ class RefillableWorkload(Workload):
 
 
 def coordinator_scaling(
-    workers: int, items: int, reps: int, store_dir: str | None = None
+    workers: int, items: int, reps: int, store_dir: str | None = None, *, timed: bool = False
 ) -> dict[str, Any]:
     """Wall µs per committed item of one coordinator with `workers` simulated
     workers, its store and journal on `SimulatedFS` (or, with `store_dir`,
     through `RealFS` in that directory: a user's store on tmpfs): `items`
-    per run, a warm-up run then `reps` timed runs of the same coordinator."""
+    per run, a warm-up run then `reps` timed runs of the same coordinator.
+    With `timed`, every FS call is timed too (`TimedFS`), and "fs" gives the
+    calls per item and their µs per item: the part of the cost that is the
+    disk calls themselves (the wrapper's own cost is in the wall figure)."""
     setup_started = time.perf_counter()
     transport = SimulatedTransport(workers, hash_task)
     clock = TransportClock(transport, wall_offset=1.7e9)
     store_fs: FS = SimulatedFS() if store_dir is None else RealFS()
     journal_fs: FS = SimulatedFS() if store_dir is None else RealFS()
+    timing: TimedFS | None = None
+    if timed:
+        timing = TimedFS(store_fs)
+        store_fs = journal_fs = timing
     root = "/store" if store_dir is None else os.path.join(store_dir, f"store-{workers}")
     journal_dir = "/journal" if store_dir is None else os.path.join(store_dir, f"journal-{workers}")
     if store_dir is not None:
@@ -126,14 +134,29 @@ def coordinator_scaling(
     gc.collect()
     gc.freeze()
     try:
-        _scaling_repetitions(coordinator, workload, counts, workers, items, reps, samples, shipped)
+        warmed = _scaling_repetitions(
+            coordinator, workload, counts, workers, items, reps, samples, shipped, timing
+        )
     finally:
         gc.unfreeze()
     if workload.wrong_results:
         raise RuntimeError(f"{workers} workers: {workload.wrong_results} wrong results committed")
     leaks = coordinator.leaks()
     coordinator.shutdown()
+    fs_figures: dict[str, Any] | None = None
+    if timing is not None and warmed is not None:
+        committed = items * reps
+        calls, seconds = warmed
+        fs_figures = {
+            "calls_per_item": {
+                kind: (timing.calls[kind] - calls.get(kind, 0)) / committed
+                for kind in sorted(timing.calls)
+                if timing.calls[kind] > calls.get(kind, 0)
+            },
+            "us_per_item": (timing.total_seconds() - seconds) / committed * 1e6,
+        }
     return {
+        "fs": fs_figures,
         "workers": workers,
         "items": items,
         "us_per_item": spread(samples),
@@ -153,8 +176,13 @@ def _scaling_repetitions(
     reps: int,
     samples: list[float],
     shipped: list[float],
-) -> None:
+    timing: TimedFS | None = None,
+) -> tuple[dict[str, int], float] | None:
+    """The runs; with `timing`, its calls and seconds once warmed up."""
+    warmed: tuple[dict[str, int], float] | None = None
     for rep in range(1 + reps):
+        if rep == 1 and timing is not None:
+            warmed = (dict(timing.calls), timing.total_seconds())
         workload.add(f"r{rep}-item-{i}" for i in range(items))
         committed, dispatches, objects = (
             counts[Stat.COMMITTED],
@@ -172,6 +200,13 @@ def _scaling_repetitions(
             shipped.append(
                 (counts[Stat.OBJECTS_SHIPPED] - objects) / (counts[Stat.DISPATCHES] - dispatches)
             )
+    return warmed
+
+
+def _empty(directory: str) -> None:
+    """In memory: give it back at once."""
+    for name in os.listdir(directory):
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def periodic_scans(items: int) -> dict[str, Any]:
@@ -270,8 +305,12 @@ def scaling_run(
             first, config.scaling_items, config.scaling_repetitions, store_dir=memory_dir
         )
         on_memory["filesystem"] = filesystem_type(memory_dir)
-        for name in os.listdir(memory_dir):  # in memory: give it back at once
-            shutil.rmtree(os.path.join(memory_dir, name), ignore_errors=True)
+        _empty(memory_dir)
+        progress("2. scaling: the same, every FS call timed (TimedFS)")
+        on_memory["fs"] = coordinator_scaling(
+            first, config.scaling_items, 1, store_dir=memory_dir, timed=True
+        )["fs"]
+        _empty(memory_dir)
     progress("2. scaling: scans that grow with the items")
     scans = periodic_scans(config.scaling_items * (1 + config.scaling_repetitions))
     return {

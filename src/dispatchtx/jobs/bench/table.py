@@ -96,6 +96,14 @@ def print_table(results: dict[str, Any]) -> None:
                 f"   <- the same, store and journal through RealFS on "
                 f"{real_fs.get('filesystem', 'tmpfs')}"
             )
+            fs = real_fs.get("fs")
+            if fs is not None:
+                calls = fs["calls_per_item"]
+                shown = ", ".join(f"{n:.2g} {kind}" for kind, n in calls.items() if n >= 0.05)
+                print(
+                    f"  its FS calls alone (a run with each call timed): {sum(calls.values()):.1f} "
+                    f"per item ({shown}) = {fs['us_per_item']:.0f} us per item"
+                )
         for note in scaling["notes"]:
             print(f"  note: {note}")
         scans = scaling["periodic_scans"]
