@@ -2046,6 +2046,28 @@ def test_a_group_of_claims_of_new_items_is_one_file_and_one_directory_fsync(
     assert _counters(fs, "work-0") == ["hb.0000000001"]
 
 
+def test_a_claim_made_ahead_in_the_batch_is_adopted_without_reading_its_slots(
+    fs: SimulatedFS, clock: SimulatedClock
+) -> None:
+    # The coordinator claims a pass's items ahead (claim_many), then each
+    # dispatch's try_claim adopts its claim inside the same batch: from the
+    # cache, no read per item. Once the batch is over, try_claim reads again.
+    store = make_store(fs, clock, "coord")
+    store.claim("warm-up")
+    works = [f"work-{n}" for n in range(4)]
+    with store.batch():
+        results = store.claim_many(works)
+        tokens = [r.token for r in results if isinstance(r, ClaimResult)]
+        fs.reset_calls()
+        adopted = [store.try_claim(work) for work in works]
+        assert fs.calls[Op.READ] == 0 and fs.calls[Op.EXISTS] == 0, fs.calls
+    assert [(r.outcome, r.token) for r in adopted] == [(ClaimOutcome.ALREADY_HELD, 1)] * 4
+    assert tokens == [1] * 4
+    fs.reset_calls()
+    assert store.try_claim("work-0").outcome is ClaimOutcome.ALREADY_HELD
+    assert fs.calls[Op.READ] >= 1
+
+
 def test_a_group_of_claims_decides_every_other_item_as_try_claim_does(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:

@@ -244,6 +244,9 @@ class WorkStore(ItemReads):
         owner = self._require_owner("claim")
         key = self._key(work_id)
         now = self._now(now)
+        held = self._held_in_batch(key, work_id)
+        if held is not None:
+            return held
         chain = self._load(key, work_id, create=True)
         lost_race = False
         for _ in range(_MAX_DECISION_ROUNDS):
@@ -341,6 +344,19 @@ class WorkStore(ItemReads):
             self._finish_claims(claims, published[:split], work_ids, now),
             self._finish_completions(dones, published[split:], completions),
         )
+
+    def _held_in_batch(self, key: str, work_id: str) -> ClaimResult | None:
+        """ALREADY_HELD, without a read, when the cached head is our claim
+        linked in the current batch (`claim_many` made it a moment ago): a
+        slot published after it could only be found by reading, and would
+        fence this claim's commit all the same (the link decides)."""
+        chain = self._chains.get(key)
+        if not chain or self._work_ids.get(key) != work_id:
+            return None
+        head = chain[-1]
+        if head.change is not Change.CLAIM or head.nonce not in self._in_batch:
+            return None
+        return ClaimResult(ClaimOutcome.ALREADY_HELD, head.token, _lost_claims(chain))
 
     def _plan_claims(self, work_ids: Sequence[str], now: float) -> _Plan[ClaimResult]:
         owner = self._require_owner("claim")
