@@ -116,12 +116,22 @@ def test_results_taken_together_pass_the_fence_as_one_group(commit_batch: int) -
 
 
 @pytest.mark.parametrize(
-    ("group", "retried"),
-    [("_dispatch_batch", "group claims failed"), ("_fence_batch", "group commits retried")],
+    ("group", "retried", "commit_batch"),
+    [
+        # A pass's one group (commits, dones and claims): both are counted.
+        ("_fence_and_dispatch", "group claims failed", 1024),
+        ("_fence_and_dispatch", "group commits retried", 1024),
+        # With more free workers or results than one group holds, the rest
+        # go in groups of claims, or of commits, of their own.
+        ("_dispatch_batch", "group claims failed", 2),
+        ("_fence_batch", "group commits retried", 2),
+    ],
 )
-def test_a_group_whose_fsync_fails_is_settled_one_by_one(group: str, retried: str) -> None:
+def test_a_group_whose_fsync_fails_is_settled_one_by_one(
+    group: str, retried: str, commit_batch: int
+) -> None:
     world = make_world(workers=8, items=48)
-    coordinator = world.coordinator(max_in_flight=2, commit_batch=1024)
+    coordinator = world.coordinator(max_in_flight=2, commit_batch=commit_batch)
     failing = {"left": 0, "armed": 1}
 
     def hook(op: Op, path: str) -> Fault | None:
@@ -770,6 +780,32 @@ def test_a_group_commit_writes_one_file_per_group_not_per_item() -> None:
     groups = files
     assert grouped.stats[Stat.RESULTS_IN_BATCHES] >= 2 * grouped.stats[Stat.COMMIT_BATCHES]
     assert fsyncs == groups < 40
+
+
+def test_a_pass_publishes_its_commits_dones_and_next_claims_as_one_group() -> None:
+    # Each pass of the loop takes results, and the worker each result frees
+    # gets its next item at once: the commits, the last pass's `done`s and
+    # those claims are one file and one fsync of slots/ (not one group of
+    # claims and another of commits per pass).
+    world = make_world(workers=4, items=40)
+    coordinator = world.coordinator(max_in_flight=4, commit_batch=64)
+    passes = {"n": 0}
+    real_step = coordinator.step
+
+    def step() -> None:
+        passes["n"] += 1
+        real_step()
+
+    coordinator.step = step  # type: ignore[method-assign]
+    world.fs.log = []
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+    files = [call for call in world.fs.log if call.op is Op.WRITE_TEMP]
+    fsyncs = [call for call in world.fs.log if call.op is Op.FSYNC_DIR and "/slots" in call.path]
+    assert len(files) == len(fsyncs) <= passes["n"]
+    # The claims of the workers a pass frees rode with its commits.
+    assert coordinator.stats[Stat.CLAIMS_IN_BATCHES] == 40
+    assert coordinator.stats[Stat.CLAIM_BATCHES] <= coordinator.stats[Stat.COMMIT_BATCHES] + 1
 
 
 def test_a_triage_that_fails_in_a_group_parks_only_its_own_dispatch() -> None:

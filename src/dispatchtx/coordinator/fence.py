@@ -44,6 +44,8 @@ STORE_FAILURE_MAX_BACKOFF = 1.0
 
 # A dispatch triaged inside its committing boundary, its `done` not yet published.
 _AwaitingDone = tuple[int, Committed, AbstractContextManager[Transaction[DispatchTag]]]
+# A result checked against its dispatch, with the worker it came from.
+_Checked = tuple[int, tuple[Transaction[DispatchTag], Result]]
 
 
 class Fencing(Recovery):
@@ -125,10 +127,21 @@ class Fencing(Recovery):
         record in one file (`begin_commit_many`); a result whose group commit
         did not get a plain answer goes through `begin_commit` on its own,
         which settles it. What passes is appended to `passed` as it does."""
-        # An error in one result's fence is raised once the others are done:
-        # a commit already in the store must not be left unheeded behind it.
+        grouped, alone, first_error = self._checked_for_group(deliveries)
+        outcomes = self.store.begin_commit_many(self._commits_of(grouped))
+        first_error = self._fence_answers(grouped, alone, outcomes, passed) or first_error
+        if first_error is not None:
+            raise first_error
+
+    def _checked_for_group(
+        self, deliveries: list[tuple[int, Result | bytes]]
+    ) -> tuple[list[_Checked], list[_Checked], Exception | None]:
+        """The first half of a group's fences: each result checked; those for
+        the group's file, those left to `begin_commit` alone, and the first
+        error met (raised by the caller once the others are done: a commit
+        already in the store must not be left unheeded behind it)."""
         first_error: Exception | None = None
-        checked: list[tuple[int, tuple[Transaction[DispatchTag], Result]]] = []
+        checked: list[_Checked] = []
         dispatch_ids: set[int] = set()
         for worker, delivered in deliveries:
             if isinstance(delivered, Result) and delivered.dispatch_id in dispatch_ids:
@@ -142,8 +155,8 @@ class Fencing(Recovery):
             if one is not None:
                 checked.append((worker, one))
                 dispatch_ids.add(one[1].dispatch_id)
-        grouped: list[tuple[int, tuple[Transaction[DispatchTag], Result]]] = []
-        alone: list[tuple[int, tuple[Transaction[DispatchTag], Result]]] = []
+        grouped: list[_Checked] = []
+        alone: list[_Checked] = []
         for entry in checked:
             try:
                 self.faults.check(FaultPoint.BEGIN_COMMIT_EIO)
@@ -151,9 +164,22 @@ class Fencing(Recovery):
                 alone.append(entry)  # `begin_commit` on its own meets the fault again
                 continue
             grouped.append(entry)
-        outcomes = self.store.begin_commit_many(
-            [(message.item, message.token, message.result) for _, (_, message) in grouped]
-        )
+        return grouped, alone, first_error
+
+    @staticmethod
+    def _commits_of(grouped: list[_Checked]) -> list[tuple[str, int, bytes]]:
+        return [(message.item, message.token, message.result) for _, (_, message) in grouped]
+
+    def _fence_answers(
+        self,
+        grouped: list[_Checked],
+        alone: list[_Checked],
+        outcomes: Sequence[CommitOutcome | Exception],
+        passed: list[tuple[int, int, Result]],
+    ) -> Exception | None:
+        """The second half: what follows from each group commit's answer
+        (and `begin_commit` alone for the rest); returns the first error."""
+        first_error: Exception | None = None
         answers: list[CommitOutcome | Exception | None] = [*outcomes, *(None for _ in alone)]
         for (worker, one), outcome in zip([*grouped, *alone], answers, strict=True):
             try:
@@ -172,8 +198,7 @@ class Fencing(Recovery):
                 continue
             if fenced is not None:
                 passed.append(fenced)
-        if first_error is not None:
-            raise first_error
+        return first_error
 
     def _settle_commits(self, passed: list[tuple[int, int, Result]]) -> None:
         for _, _, result in passed:

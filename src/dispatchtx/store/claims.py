@@ -334,16 +334,8 @@ class WorkStore(ItemReads):
         """`claim_many(work_ids)` and `complete_many(completions)` as ONE
         group: one file and one fsync of each kind for both (a coordinator's
         `done`s of one poll go with the claims of its next dispatches)."""
-        now = self._now(now)
-        claims = self._plan_claims(work_ids, now) if work_ids else _Plan([])
-        dones = self._plan_completions(completions) if completions else _Plan([])
-        records = claims.records + dones.records
-        published = self._publish_many(records, "claim and complete") if records else []
-        split = len(claims.records)
-        return (
-            self._finish_claims(claims, published[:split], work_ids, now),
-            self._finish_completions(dones, published[split:], completions),
-        )
+        _, claimed, completed = self.commit_claim_and_complete((), work_ids, completions, now)
+        return claimed, completed
 
     def _held_in_batch(self, key: str, work_id: str) -> ClaimResult | None:
         """ALREADY_HELD, without a read, when the cached head is our claim
@@ -559,9 +551,41 @@ class WorkStore(ItemReads):
         or the exception it would have raised (`OutcomeUnknown` among them:
         calling `begin_commit` again settles that one). One commit's failure
         stops no other."""
+        return self.commit_claim_and_complete(commits, (), ())[0]
+
+    def commit_claim_and_complete(
+        self,
+        commits: Sequence[tuple[str, int, bytes]],
+        work_ids: Sequence[str],
+        completions: Sequence[tuple[str, int]],
+        now: float | None = None,
+    ) -> tuple[
+        list[CommitOutcome | Exception],
+        list[ClaimResult | Exception],
+        list[CompleteOutcome | Exception],
+    ]:
+        """`begin_commit_many(commits)`, `claim_many(work_ids)` and
+        `complete_many(completions)` as ONE group: one file and one fsync of
+        each kind for all three (a coordinator's pass: the commits of the
+        results it took, the `done`s of its last triage, the claims of its
+        next dispatches). Each list of answers is what its own call returns."""
+        now = self._now(now)
+        committed = self._plan_commits(commits) if commits else _Plan([])
+        claims = self._plan_claims(work_ids, now) if work_ids else _Plan([])
+        dones = self._plan_completions(completions) if completions else _Plan([])
+        records = committed.records + claims.records + dones.records
+        published = self._publish_many(records, "commit, claim and complete") if records else []
+        first_claim = len(committed.records)
+        first_done = first_claim + len(claims.records)
+        return (
+            self._finish_commits(committed, published[:first_claim], commits),
+            self._finish_claims(claims, published[first_claim:first_done], work_ids, now),
+            self._finish_completions(dones, published[first_done:], completions),
+        )
+
+    def _plan_commits(self, commits: Sequence[tuple[str, int, bytes]]) -> _Plan[CommitOutcome]:
         owner = self._require_owner("begin_commit")
         plan: _Plan[CommitOutcome] = _Plan([None] * len(commits))
-        outcomes = plan.results
         seen: set[str] = set()
         for index, (work_id, token, result) in enumerate(commits):
             try:
@@ -576,20 +600,28 @@ class WorkStore(ItemReads):
                 chain = self._known_chain(key, work_id, upto=upto)
                 claim = self._claim_at(work_id, chain, token)
                 if claim.owner != owner:
-                    outcomes[index] = CommitOutcome.FENCED_OUT
+                    plan.results[index] = CommitOutcome.FENCED_OUT
                     continue
                 settled = self._commit_settled(key, chain, token)
                 if settled is not None:
-                    outcomes[index] = settled
+                    plan.results[index] = settled
                     continue
                 record = self._commit_record(key, token, owner, result)
                 self._mark_committing(key)
             except Exception as error:  # returned, as begin_commit would raise it
-                outcomes[index] = error
+                plan.results[index] = error
                 continue
             plan.planned.append((index, key, token, 0, 0))
             plan.records.append([(key, record)])
-        published = self._publish_many(plan.records, "begin_commit") if plan.records else []
+        return plan
+
+    def _finish_commits(
+        self,
+        plan: _Plan[CommitOutcome],
+        published: list[list[_Published | StoreError]],
+        commits: Sequence[tuple[str, int, bytes]],
+    ) -> list[CommitOutcome | Exception]:
+        outcomes = plan.results
         for (index, key, token, _, _), (one,) in zip(plan.planned, published, strict=True):
             if isinstance(one, Exception):
                 outcomes[index] = one

@@ -127,9 +127,9 @@ def durable_run(
             "fsyncs counted on a fresh store per run, the shape of one mpi_job run (the job "
             "starts on a fresh store too: its first publications also make its directories "
             "durable)",
-            f"group commit (the claims of one pass over the free workers, the commits of one "
-            f"poll's results, then their dones: each group one file, one fsync of it and one "
-            f"of slots/) is on by default (commit_batch {DEFAULT_COMMIT_BATCH}); 'one at a "
+            f"group commit (one group per pass: the commits of its poll's results, the dones "
+            f"of its last triage, the claims of its next dispatches; one file, one fsync of it "
+            f"and one of slots/) is on by default (commit_batch {DEFAULT_COMMIT_BATCH}); 'one at a "
             f"time' is commit_batch 1; mpi_job runs no journal (the journal's group policy is "
             f"in section 5)",
         ],
