@@ -32,7 +32,8 @@ from dispatchtx import (
 )
 from dispatchtx.coordinator.config import CoordinatorConfig
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
-from dispatchtx.coordinator.fence import Fencing, _AwaitingDone
+from dispatchtx.coordinator.fence import _AwaitingDone
+from dispatchtx.coordinator.passes import Passes
 from dispatchtx.coordinator.recovery import Committed
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.coordinator.workers import Strikes
@@ -45,7 +46,6 @@ from dispatchtx.resources.lease import ClaimRefused, WorkLease, WorkLeases
 from dispatchtx.store import (
     ClaimOutcome,
     ClaimResult,
-    CommitOutcome,
     CompleteOutcome,
     CorruptRecord,
     OutcomeUnknown,
@@ -64,7 +64,7 @@ log = logging.getLogger("dispatchtx.coordinator")
 ID_SHIFT = 40
 
 
-class Coordinator(Fencing):
+class Coordinator(Passes):
     """One coordinator incarnation."""
 
     def __init__(
@@ -247,253 +247,6 @@ class Coordinator(Fencing):
     def _free_slot(self, worker: int) -> None:
         if worker not in self.lost_workers:
             self._free_slots.append(worker)
-
-    def _grouped_pass(self, batch: int) -> None:
-        """Group commit: the results a poll brings, the `done`s of the last
-        pass's triage and the claims of the next dispatches go in ONE group
-        (`_fence_and_dispatch`). Free workers wait for no result: with items
-        to send, the poll only looks."""
-        pairs: list[tuple[int, str]] = []
-        if self._dispatch_paused_until <= self.transport.now():
-            pairs = self._take_pairs(min(batch, len(self._free_slots)))
-        # A pass that sent nothing (every claim refused: items busy elsewhere)
-        # waits in its poll, so that time goes on towards their takeover.
-        look_only = bool(pairs) and self._last_pass_sent
-        try:
-            messages = self.transport.poll(0.0 if look_only else self.config.poll_timeout)
-        except BaseException:
-            self._give_back_pairs(pairs)
-            raise
-        self._fence_and_dispatch(
-            [
-                (worker, delivered)
-                for worker, message in messages[:batch]
-                for delivered in self._deliveries(worker, message)
-            ],
-            pairs,
-        )
-        for start in range(batch, len(messages), batch):  # more than one group's worth
-            self._fence_batch(
-                [
-                    (worker, delivered)
-                    for worker, message in messages[start : start + batch]
-                    for delivered in self._deliveries(worker, message)
-                ]
-            )
-        if len(pairs) == batch:  # more free workers than one group: the rest now
-            self._dispatch_to_free_workers()
-
-    def _give_back_pairs(self, pairs: list[tuple[int, str]]) -> None:
-        for worker, work_id in pairs:
-            self._free_slot(worker)
-            self.workload.give_back(work_id)
-
-    def _fence_and_dispatch(
-        self, deliveries: list[tuple[int, Result | bytes]], pairs: list[tuple[int, str]]
-    ) -> None:
-        """One group for a pass (`store.commit_claim_and_complete`): the
-        commits of `deliveries`, the `done`s awaiting, the claims of `pairs`,
-        and one claim ahead per result checked, for the worker its result
-        frees. Only once the group is durable: the `done`s are released, the
-        results that passed the fence are triaged (their `done`s await the
-        next group), and the claimed dispatches are sent, to `pairs` and to
-        the workers just freed. An error in one result's fence is raised
-        after all that."""
-        now = self.transport.now()
-        awaiting = self._take_awaiting_done()
-        passed: list[tuple[int, int, Result]] = []
-        opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]] = []
-        ahead: list[tuple[str, int]] = []
-        pool: list[tuple[str, int]] = []  # claimed ahead for the workers results free
-        dones: list[CompleteOutcome | Exception] = []
-        first_error: Exception | None = None
-        next_pair = 0
-        try:
-            with self.store.batch():
-                grouped, alone, first_error = self._checked_for_group(deliveries)
-                for_freed = self._take_items(len(grouped) + len(alone))
-                commits, ahead, pool, dones = self._group_of_pass(
-                    grouped, pairs, for_freed, now, awaiting
-                )
-                first_error = self._fence_answers(grouped, alone, commits, passed) or first_error
-                for worker, work_id in pairs:
-                    next_pair += 1
-                    one = self._open(worker, work_id, now)
-                    if one is not None:
-                        opened.append(one)
-        except (OutcomeUnknown, StoreIOError) as error:
-            # The group's fsync failed: send none of its claims (abandoning
-            # each publishes after it, and that fsync makes both durable or
-            # fails); settle each commit on its own before acting on it; the
-            # `done`s are settled by a retry.
-            self.stats.counts[Stat.COMMIT_BATCHES_RETRIED] += 1
-            self.stats.counts[Stat.CLAIM_BATCHES_FAILED] += 1
-            log.info("a pass's group did not become durable, settling one by one: %s", error)
-            for txn, _, _, _ in opened:
-                self._compensate(txn)
-            opened = []
-            self._give_back_pairs(pairs[next_pair:])
-            self._give_back_pool(pool)
-            pool = []
-            self._finish_awaiting_done(awaiting, [error] * len(awaiting))
-            awaiting = []
-            self._settle_commits(passed)
-        except Exception as error:
-            # Not the store's answer: nothing of the group is known durable.
-            # The claims are not sent; the commits that passed are settled
-            # and carried on before the error goes up, as `_fence_batch` does.
-            for txn, _, _, _ in opened:
-                self._compensate(txn)
-            opened = []
-            self._give_back_pairs(pairs[next_pair:])
-            self._give_back_pool(pool)
-            self._finish_awaiting_done(awaiting, [error] * len(awaiting))
-            self._settle_commits(passed)
-            self._carry_on(passed)
-            raise
-        except BaseException:
-            # An interrupt: what was opened is compensated (as the dispatch
-            # boundary does), what was taken and not opened is given back; the
-            # commits that passed are in the store, left to recovery.
-            self._give_back_pairs(pairs[next_pair:])
-            for work_id, _ in pool:
-                self.workload.give_back(work_id)  # its claim is ours: adopted when retaken
-            for txn, _, _, _ in opened:
-                self._compensate(txn)
-            self._awaiting_done[:0] = awaiting  # still to settle (shutdown does)
-            raise
-        finally:
-            self._abandon_unused(ahead, opened)
-        self._finish_awaiting_done(awaiting, dones)  # durable now: released
-        if len(passed) > 1:
-            self.stats.counts[Stat.COMMIT_BATCHES] += 1
-            self.stats.counts[Stat.RESULTS_IN_BATCHES] += len(passed)
-        try:
-            self._carry_on(passed)  # frees the workers whose results passed
-        finally:
-            # The time of sending: after the results were heard (a worker's
-            # deadline strikes count only what it was sent after its answer).
-            now = self.transport.now()
-            opened.extend(self._open_pool(pool, now))
-        self._last_pass_sent = bool(opened) or not pairs
-        self._send_opened(opened, now)
-        if first_error is not None:
-            raise first_error
-
-    def _take_items(self, wanted: int) -> list[str]:
-        """Up to `wanted` next items, for claims made ahead (none while new
-        claims are paused)."""
-        items: list[str] = []
-        if self._dispatch_paused_until > self.transport.now():
-            return items
-        while len(items) < wanted:
-            work_id = self.workload.take()
-            if work_id is None:
-                break
-            items.append(work_id)
-        return items
-
-    def _open_pool(
-        self, pool: list[tuple[str, int]], now: float
-    ) -> list[tuple[Transaction[DispatchTag], int, str, WorkLease]]:
-        """Dispatches of the items claimed ahead, to free workers (each
-        `_open` adopts its claim); a claim no worker takes is given back."""
-        opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]] = []
-        left = list(pool)
-        try:
-            while left:
-                worker = self._free_worker()
-                if worker is None:
-                    break
-                work_id, _ = left.pop(0)
-                one = self._open(worker, work_id, now)
-                if one is not None:
-                    opened.append(one)
-        except BaseException:
-            for txn, _, _, _ in opened:
-                self._compensate(txn)
-            raise
-        finally:
-            self._give_back_pool(left)
-            self._abandon_unused([claim for claim in pool if claim not in left], opened)
-        return opened
-
-    def _free_worker(self) -> int | None:
-        free = self._free_slots
-        while free:
-            worker = free.popleft()
-            if worker not in self.lost_workers:  # a slot freed before its worker was lost
-                return worker
-        return None
-
-    def _give_back_pool(self, pool: list[tuple[str, int]]) -> None:
-        """Claims made ahead that no dispatch took: abandoned (never sent),
-        their items back to the workload."""
-        self._abandon_unused(pool, [])
-        for work_id, _ in pool:
-            self.workload.give_back(work_id)
-
-    def _group_of_pass(
-        self,
-        grouped: list[tuple[int, tuple[Transaction[DispatchTag], Result]]],
-        pairs: list[tuple[int, str]],
-        for_freed: list[str],
-        now: float,
-        awaiting: list[_AwaitingDone],
-    ) -> tuple[
-        list[CommitOutcome | Exception],
-        list[tuple[str, int]],
-        list[tuple[str, int]],
-        list[CompleteOutcome | Exception],
-    ]:
-        """The pass's one store call. Returns each commit's answer, the
-        claims made for `pairs` and those for `for_freed` (work id, token),
-        and each `done`'s answer. An item of `for_freed` not claimed goes
-        back to the workload (a pair's `_open` claims it on its own later).
-        If the call as a whole fails, each commit is left to `begin_commit`
-        alone, each pair's `_open` claims on its own, each `done` to a retry."""
-        commits = self._commits_of(grouped)
-        completions = [(committed.work_id, committed.token) for _, committed, _ in awaiting]
-        work_ids = [work_id for _, work_id in pairs] + for_freed
-        try:
-            committed, claimed, completed = self.store.commit_claim_and_complete(
-                commits, work_ids, completions, now
-            )
-        except Exception as error:
-            log.info("a pass's group failed, one by one: %s", error)
-            for work_id in for_freed:
-                self.workload.give_back(work_id)
-            return [error] * len(commits), [], [], [error] * len(awaiting)
-        made = [
-            (work_id, result.token)
-            if isinstance(result, ClaimResult)
-            and result.outcome is ClaimOutcome.CLAIMED
-            and result.token is not None
-            else None
-            for work_id, result in zip(work_ids, claimed, strict=True)
-        ]
-        ahead = [claim for claim in made[: len(pairs)] if claim is not None]
-        pool: list[tuple[str, int]] = []
-        for work_id, claim in zip(for_freed, made[len(pairs) :], strict=True):
-            if claim is None:
-                self.workload.give_back(work_id)
-            else:
-                pool.append(claim)
-        if len(ahead) + len(pool) > 1:
-            self.stats.counts[Stat.CLAIM_BATCHES] += 1
-            self.stats.counts[Stat.CLAIMS_IN_BATCHES] += len(ahead) + len(pool)
-        return committed, ahead, pool, completed
-
-    def _send_opened(
-        self, opened: list[tuple[Transaction[DispatchTag], int, str, WorkLease]], now: float
-    ) -> None:
-        for index, one in enumerate(opened):
-            try:
-                self._send(*one, now)
-            except BaseException:
-                for txn, _, _, _ in opened[index + 1 :]:
-                    self._compensate(txn)
-                raise
 
     def _dispatch_to_free_workers(self) -> None:
         # O(dispatches made): free slots are kept, never searched for. A slot
