@@ -146,7 +146,7 @@ def coordinator_scaling(
     fs_figures: dict[str, Any] | None = None
     if timing is not None and warmed is not None:
         committed = items * reps
-        calls, seconds = warmed
+        calls, seconds, warm_seconds = warmed
         fs_figures = {
             "calls_per_item": {
                 kind: (timing.calls[kind] - calls.get(kind, 0)) / committed
@@ -154,6 +154,10 @@ def coordinator_scaling(
                 if timing.calls[kind] > calls.get(kind, 0)
             },
             "us_per_item": (timing.total_seconds() - seconds) / committed * 1e6,
+            "us_per_item_by_kind": {
+                kind: (timing.seconds[kind] - warm_seconds.get(kind, 0.0)) / committed * 1e6
+                for kind in sorted(timing.seconds)
+            },
         }
     return {
         "fs": fs_figures,
@@ -177,12 +181,12 @@ def _scaling_repetitions(
     samples: list[float],
     shipped: list[float],
     timing: TimedFS | None = None,
-) -> tuple[dict[str, int], float] | None:
+) -> tuple[dict[str, int], float, dict[str, float]] | None:
     """The runs; with `timing`, its calls and seconds once warmed up."""
-    warmed: tuple[dict[str, int], float] | None = None
+    warmed: tuple[dict[str, int], float, dict[str, float]] | None = None
     for rep in range(1 + reps):
         if rep == 1 and timing is not None:
-            warmed = (dict(timing.calls), timing.total_seconds())
+            warmed = (dict(timing.calls), timing.total_seconds(), dict(timing.seconds))
         workload.add(f"r{rep}-item-{i}" for i in range(items))
         committed, dispatches, objects = (
             counts[Stat.COMMITTED],

@@ -99,7 +99,12 @@ def print_table(results: dict[str, Any]) -> None:
             fs = real_fs.get("fs")
             if fs is not None:
                 calls = fs["calls_per_item"]
-                shown = ", ".join(f"{n:.2g} {kind}" for kind, n in calls.items() if n >= 0.05)
+                spent = fs.get("us_per_item_by_kind", {})
+                shown = ", ".join(
+                    f"{n:.2g} {kind} {spent.get(kind, 0.0):.0f} us"
+                    for kind, n in calls.items()
+                    if n >= 0.05
+                )
                 print(
                     f"  its FS calls alone (a run with each call timed): {sum(calls.values()):.1f} "
                     f"per item ({shown}) = {fs['us_per_item']:.0f} us per item"
