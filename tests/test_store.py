@@ -2201,3 +2201,23 @@ def test_a_record_is_written_as_its_fields_through_sorted_key_json(
     magic, checksum, body = record.encode()[:-1].split(b" ", 2)
     assert body == json.dumps(record.fields(), sort_keys=True, separators=(",", ":")).encode()
     assert magic == b"dtx-record-1" and len(checksum) == 64
+
+
+def test_nonces_are_unique_in_a_process_and_never_shared_with_a_forked_child() -> None:
+    # A publisher recognizes its own record by its nonce: a forked child
+    # (the claim races fork eight) must not count on from its parent's.
+    from dispatchtx.store.records import _new_nonce
+
+    mine = {_new_nonce() for _ in range(1000)}
+    assert len(mine) == 1000
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first nonces, to the parent
+        os.write(write_end, " ".join(_new_nonce() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    theirs = set(os.read(read_end, 4096).decode().split())
+    os.close(read_end)
+    later = {_new_nonce() for _ in range(3)}
+    assert len(theirs) == 3 and not theirs & (mine | later)

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import itertools
 import json
+import os
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -413,8 +414,24 @@ class _FieldReader:
             raise self._bad(name, "an object id") from None
 
 
-def _new_nonce() -> str:
-    return secrets.token_hex(16)
+class _Nonces:
+    """A publication's nonce: 16 random hex digits drawn once per process
+    (again in a forked child, which must never repeat its parent's) and a
+    16-digit counter. Unique without a draw from the OS per record."""
+
+    def __init__(self) -> None:
+        self._redraw()
+        os.register_at_fork(after_in_child=self._redraw)
+
+    def _redraw(self) -> None:
+        self.prefix = secrets.token_hex(8)
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):016x}"
+
+
+_new_nonce: Final = _Nonces()
 
 
 def _check_transition(chain: list[Record], record: Record, path: str) -> None:
