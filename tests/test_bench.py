@@ -112,6 +112,8 @@ def test_a_timed_scaling_run_counts_the_disk_calls_of_each_committed_item(
     assert calls["link"] >= 4
     assert calls["append"] == 2
     assert 0 < row["fs"]["us_per_item"] < row["us_per_item"]["median"]
+    assert 0 < row["fs"]["transport_us_per_item"] < row["us_per_item"]["median"]
+    assert set(row["fs"]["us_per_item_by_kind"]) >= set(calls)
 
 
 def test_timed_fs_times_every_call_and_counts_failed_ones(tmp_path: Path) -> None:

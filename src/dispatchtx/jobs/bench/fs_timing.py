@@ -1,4 +1,5 @@
-"""`TimedFS`: an FS whose every call is counted and timed by kind, so the
+"""`TimedFS`: an FS whose every call is counted and timed by kind (and
+`CallTimer` for other objects' methods), so the
 bench can say how much of a committed item's cost is the disk calls the
 store and the journal make (the floor no Python around them can go under)
 and how much is the Python itself."""
@@ -8,20 +9,18 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dispatchtx.fs import FS, AppendHandle
 
 T = TypeVar("T")
 
 
-class TimedFS:
-    """Delegates to `inner`; `calls[kind]` and `seconds[kind]` grow with each
-    call, failed ones too (a look-up that finds nothing is a system call all
-    the same)."""
+class CallTimer:
+    """`calls[kind]` and `seconds[kind]` grow with each call timed, failed
+    ones too (a look-up that finds nothing is a system call all the same)."""
 
-    def __init__(self, inner: FS) -> None:
-        self._inner = inner
+    def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.seconds: dict[str, float] = {}
 
@@ -35,6 +34,26 @@ class TimedFS:
 
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
+
+    def wrap_methods(self, target: object, names: tuple[str, ...], prefix: str) -> None:
+        """Time every call of `target.<name>` from now on, as `prefix + name`."""
+        for name in names:
+            method: Callable[..., Any] = getattr(target, name)
+
+            def timed_method(
+                *args: Any, _method: Callable[..., Any] = method, _kind: str = prefix + name
+            ) -> Any:
+                return self.timed(_kind, lambda: _method(*args))
+
+            setattr(target, name, timed_method)
+
+
+class TimedFS(CallTimer):
+    """Delegates to `inner`, timing each call by its kind."""
+
+    def __init__(self, inner: FS) -> None:
+        super().__init__()
+        self._inner = inner
 
     def read(self, path: str) -> bytes:
         return self.timed("read", lambda: self._inner.read(path))

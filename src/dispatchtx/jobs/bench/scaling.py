@@ -22,7 +22,7 @@ from dispatchtx.fs import FS, RealFS, SimulatedFS
 from dispatchtx.jobs.bench.common import filesystem_type, spread
 from dispatchtx.jobs.bench.config import BenchConfig
 from dispatchtx.jobs.bench.core import load_builds, median_of, time_lifecycles_across
-from dispatchtx.jobs.bench.fs_timing import TimedFS
+from dispatchtx.jobs.bench.fs_timing import CallTimer, TimedFS
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import WorkStore, object_id_of
 from dispatchtx.transport import SimulatedTransport, TransportClock
@@ -110,9 +110,14 @@ def coordinator_scaling(
     store_fs: FS = SimulatedFS() if store_dir is None else RealFS()
     journal_fs: FS = SimulatedFS() if store_dir is None else RealFS()
     timing: TimedFS | None = None
+    in_transport: CallTimer | None = None
     if timed:
         timing = TimedFS(store_fs)
         store_fs = journal_fs = timing
+        # The simulated workers run their tasks inside poll(): that time is
+        # theirs (and the test double's), not the coordinator's.
+        in_transport = CallTimer()
+        in_transport.wrap_methods(transport, ("poll", "send"), "")
     root = "/store" if store_dir is None else os.path.join(store_dir, f"store-{workers}")
     journal_dir = "/journal" if store_dir is None else os.path.join(store_dir, f"journal-{workers}")
     if store_dir is not None:
@@ -135,8 +140,18 @@ def coordinator_scaling(
     gc.freeze()
     try:
         warmed = _scaling_repetitions(
-            coordinator, workload, counts, workers, items, reps, samples, shipped, timing
+            coordinator,
+            workload,
+            counts,
+            workers,
+            items,
+            reps,
+            samples,
+            shipped,
+            timing,
+            in_transport,
         )
+        transport_seconds = 0.0 if in_transport is None else in_transport.total_seconds()
     finally:
         gc.unfreeze()
     if workload.wrong_results:
@@ -146,7 +161,7 @@ def coordinator_scaling(
     fs_figures: dict[str, Any] | None = None
     if timing is not None and warmed is not None:
         committed = items * reps
-        calls, seconds, warm_seconds = warmed
+        calls, seconds, warm_seconds, warm_transport = warmed
         fs_figures = {
             "calls_per_item": {
                 kind: (timing.calls[kind] - calls.get(kind, 0)) / committed
@@ -154,6 +169,7 @@ def coordinator_scaling(
                 if timing.calls[kind] > calls.get(kind, 0)
             },
             "us_per_item": (timing.total_seconds() - seconds) / committed * 1e6,
+            "transport_us_per_item": (transport_seconds - warm_transport) / committed * 1e6,
             "us_per_item_by_kind": {
                 kind: (timing.seconds[kind] - warm_seconds.get(kind, 0.0)) / committed * 1e6
                 for kind in sorted(timing.seconds)
@@ -181,12 +197,19 @@ def _scaling_repetitions(
     samples: list[float],
     shipped: list[float],
     timing: TimedFS | None = None,
-) -> tuple[dict[str, int], float, dict[str, float]] | None:
-    """The runs; with `timing`, its calls and seconds once warmed up."""
-    warmed: tuple[dict[str, int], float, dict[str, float]] | None = None
+    in_transport: CallTimer | None = None,
+) -> tuple[dict[str, int], float, dict[str, float], float] | None:
+    """The runs; with `timing`, its calls and seconds once warmed up (and
+    the seconds spent in the transport)."""
+    warmed: tuple[dict[str, int], float, dict[str, float], float] | None = None
     for rep in range(1 + reps):
         if rep == 1 and timing is not None:
-            warmed = (dict(timing.calls), timing.total_seconds(), dict(timing.seconds))
+            warmed = (
+                dict(timing.calls),
+                timing.total_seconds(),
+                dict(timing.seconds),
+                0.0 if in_transport is None else in_transport.total_seconds(),
+            )
         workload.add(f"r{rep}-item-{i}" for i in range(items))
         committed, dispatches, objects = (
             counts[Stat.COMMITTED],

@@ -109,6 +109,12 @@ def print_table(results: dict[str, Any]) -> None:
                     f"  its FS calls alone (a run with each call timed): {sum(calls.values()):.1f} "
                     f"per item ({shown}) = {fs['us_per_item']:.0f} us per item"
                 )
+                transport_us = fs.get("transport_us_per_item")
+                if transport_us is not None:
+                    print(
+                        f"  in that run, inside the simulated transport (its workers run their "
+                        f"tasks in poll): {transport_us:.0f} us per item"
+                    )
         for note in scaling["notes"]:
             print(f"  note: {note}")
         scans = scaling["periodic_scans"]

@@ -46,7 +46,12 @@ def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
         if real_fs is not None:
             us = real_fs["us_per_item"]["median"]
             fs = real_fs.get("fs")
-            floor = "" if fs is None else f" (its FS calls alone: {fs['us_per_item']:.0f} us)"
+            floor = ""
+            if fs is not None:
+                floor = f" (its FS calls alone: {fs['us_per_item']:.0f} us"
+                if fs.get("transport_us_per_item") is not None:
+                    floor += f"; in the simulated transport: {fs['transport_us_per_item']:.0f} us"
+                floor += ")"
             found.append(
                 _target(
                     f"coordinator <= 60 us per committed item, store through RealFS on "
