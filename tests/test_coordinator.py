@@ -4,6 +4,7 @@ simulated disk: the normal flow and each fault point (docs/design.md)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 import time
@@ -381,6 +382,41 @@ def test_with_a_journal_the_restarted_coordinator_closes_what_its_predecessor_le
     assert_clean_end(world, restarted)
     assert restarted.dispatch_log.stale() == []
     assert restarted.stats["stale journal entries closed"] >= 1
+
+
+def test_with_a_journal_a_pass_records_its_dispatches_as_one_journal_record() -> None:
+    # Under group commit, the dispatches a pass sends are journaled together
+    # (one write and one fsync for all), before any of them is sent.
+    world = make_world(workers=4, items=32)
+    disk = SimulatedFS(seed=1)
+    config = CoordinatorConfig(
+        "coord-a", max_in_flight=2, commit_batch=64, journal_path="/journal/coord-a"
+    )
+    coordinator = Coordinator(
+        config, world.transport, world.store(), world.workload, journal_fs=disk
+    )
+    sent_before_journaled: list[int] = []
+    real_send = world.transport.send
+    log = coordinator.dispatch_log
+    assert log is not None
+
+    def send(worker: int, work: Any) -> None:
+        if log.entry(work.dispatch_id) is None:
+            sent_before_journaled.append(work.dispatch_id)
+        real_send(worker, work)
+
+    world.transport.send = send  # type: ignore[method-assign]
+    coordinator.run(max_steps=10_000)
+    assert_clean_end(world, coordinator)
+    assert sent_before_journaled == []
+    kinds = [
+        json.loads(line.partition(b" ")[2]).get("kind")
+        for line in disk.read("/journal/coord-a").splitlines()
+    ]
+    assert kinds.count("dispatch-log.dispatch_many") >= 1
+    # Fewer journal records than dispatches: the first pass alone sends eight.
+    assert kinds.count("dispatch-log.dispatch_many") + kinds.count("dispatch-log.dispatch") < 32
+    assert log.dispatched == coordinator.stats["dispatches"] == 32
 
 
 class SlowTriage(HashWorkload):

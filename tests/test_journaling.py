@@ -888,6 +888,47 @@ def test_dispatch_log_commit_appends_done_after_the_applied_mark() -> None:
     assert not c.log.applied("item1", 2) and c.log.completed == 1
 
 
+def test_dispatch_log_records_a_pass_of_dispatches_as_one_record_that_replays_whole() -> None:
+    fs = new_fs()
+    c = Coordinator()
+    c.open(fs)
+    txns = [c.tables.prepare(worker) for worker in (0, 1, 2)]
+    entries = c.log.reserve_many([(txn, f"item{n}", n + 1) for n, txn in enumerate(txns)])
+    assert [entry.work_id for entry in entries] == ["item0", "item1", "item2"]
+    assert log_records(fs) == [
+        (
+            "dispatch-log.dispatch_many",
+            [[[txn.id, txn.worker, f"item{n}", n + 1] for n, txn in enumerate(txns)]],
+        ),
+    ]
+    # Each dispatch still ends on its own: the first is never sent.
+    c.tables.abort(txns[0].id)
+    restarted = reopened(fs)
+    assert [entry.work_id for entry in restarted.log.stale()] == ["item1", "item2"]
+    assert restarted.log.dispatched == 3 and restarted.log.reclaimed(NEVER_SENT) == 1
+
+
+def test_dispatch_log_records_nothing_of_a_pass_with_one_bad_reservation() -> None:
+    fs = new_fs()
+    c = Coordinator()
+    c.open(fs)
+    good, bad = c.tables.prepare(0), c.tables.prepare(1)
+    with pytest.raises(ValueError, match="fencing token"):
+        c.log.reserve_many([(good, "item0", 1), (bad, "item1", 0)])
+    with pytest.raises(Unavailable):
+        c.log.reserve_many([(good, "item0", 1), (good, "item0", 1)])
+    assert log_records(fs) == [] and c.log.open_dispatches() == []
+    assert c.log.reserve_many([]) == []
+
+
+def test_dispatch_log_refuses_to_replay_a_malformed_pass_record() -> None:
+    for payload in ([[1, 0, "item", 1], [2, 0]], [[1, 0, 5, 1]], [[1, "0", "item", 1]]):
+        log = DispatchLog(DispatchTables(1))
+        with pytest.raises(ValueError):
+            log._ev_dispatch_many(payload)
+        assert log.open_dispatches() == [] and log.dispatched == 0
+
+
 def test_dispatch_log_refuses_a_second_end_and_a_second_entry_per_dispatch() -> None:
     c = Coordinator()
     txn = c.tables.prepare(0)

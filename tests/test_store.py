@@ -2050,8 +2050,9 @@ def test_a_claim_made_ahead_in_the_batch_is_adopted_without_reading_its_slots(
     fs: SimulatedFS, clock: SimulatedClock
 ) -> None:
     # The coordinator claims a pass's items ahead (claim_many), then each
-    # dispatch's try_claim adopts its claim inside the same batch: from the
-    # cache, no read per item. Once the batch is over, try_claim reads again.
+    # dispatch's try_claim adopts its claim inside the same batch, or just
+    # after it: from the cache, no read per item. Once a later batch is
+    # over, try_claim reads again.
     store = make_store(fs, clock, "coord")
     store.claim("warm-up")
     works = [f"work-{n}" for n in range(4)]
@@ -2063,6 +2064,11 @@ def test_a_claim_made_ahead_in_the_batch_is_adopted_without_reading_its_slots(
         assert fs.calls[Op.READ] == 0 and fs.calls[Op.EXISTS] == 0, fs.calls
     assert [(r.outcome, r.token) for r in adopted] == [(ClaimOutcome.ALREADY_HELD, 1)] * 4
     assert tokens == [1] * 4
+    fs.reset_calls()
+    assert store.try_claim("work-1").outcome is ClaimOutcome.ALREADY_HELD
+    assert fs.calls[Op.READ] == 0
+    with store.batch():
+        store.claim_many(["later"])
     fs.reset_calls()
     assert store.try_claim("work-0").outcome is ClaimOutcome.ALREADY_HELD
     assert fs.calls[Op.READ] >= 1

@@ -411,17 +411,27 @@ class Coordinator(Passes):
             return None
 
     def _send(
-        self, txn: Transaction[DispatchTag], worker: int, work_id: str, lease: WorkLease, now: float
+        self,
+        txn: Transaction[DispatchTag],
+        worker: int,
+        work_id: str,
+        lease: WorkLease,
+        now: float,
+        *,
+        journaled: bool = False,
     ) -> None:
         """Reserve the rest, build the message, send, `sent()`. Anything that
         fails compensates: the undos if it was never sent, the discards if it
-        was (an ambiguous send), as the `tables.dispatch()` boundary does."""
+        was (an ambiguous send), as the `tables.dispatch()` boundary does.
+        `journaled`: its dispatch-log record was made already, with those of
+        the other dispatches of its pass (`_journal_dispatches`)."""
         faults = self.faults
         try:
-            faults.check(FaultPoint.SEND_AFTER_CLAIM)
-            if self.dispatch_log is not None:
-                self.dispatch_log.reserve(txn, work_id, lease.token)
-                faults.check(FaultPoint.SEND_AFTER_JOURNAL)
+            if not journaled:
+                faults.check(FaultPoint.SEND_AFTER_CLAIM)
+                if self.dispatch_log is not None:
+                    self.dispatch_log.reserve(txn, work_id, lease.token)
+                    faults.check(FaultPoint.SEND_AFTER_JOURNAL)
             payload, object_ids = self.workload.reserve(txn, worker, work_id)
             faults.check(FaultPoint.SEND_AFTER_RESERVATIONS)
             missing = self.tables.missing(worker, object_ids)

@@ -12,6 +12,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from dispatchtx import Transaction
+from dispatchtx.coordinator.faults import FaultPoint
 from dispatchtx.coordinator.fence import Fencing, _AwaitingDone, _Checked
 from dispatchtx.coordinator.stats import Stat
 from dispatchtx.coordinator.workload import DispatchTag
@@ -56,9 +57,13 @@ class Passes(Fencing):
             work_id: str,
             lease: WorkLease,
             now: float,
+            *,
+            journaled: bool = False,
         ) -> None: ...
 
         def _compensate(self, txn: Transaction[DispatchTag]) -> None: ...
+
+        def _dispatch_failed(self, work_id: str, worker: int, error: Exception) -> None: ...
 
         def _abandon_unused(self, ahead: list[tuple[str, int]], opened: list[_Opened]) -> None: ...
 
@@ -297,10 +302,61 @@ class Passes(Fencing):
         return committed, ahead, pool, completed
 
     def _send_opened(self, opened: list[_Opened], now: float) -> None:
+        journaled = self.dispatch_log is not None and len(opened) > 1
+        if journaled:
+            opened = self._journal_dispatches(opened)
         for index, one in enumerate(opened):
             try:
-                self._send(*one, now)
+                self._send(*one, now, journaled=journaled)
             except BaseException:
                 for txn, _, _, _ in opened[index + 1 :]:
                     self._compensate(txn)
                 raise
+
+    def _journal_dispatches(self, opened: list[_Opened]) -> list[_Opened]:
+        """The dispatch-log records of `opened`, as ONE journal record (one
+        write, one fsync), before any of them is sent; returns those that
+        may go on. A fault or an error compensates the dispatches it hit
+        (never sent: their undos), as `_send` would."""
+        dispatch_log = self.dispatch_log
+        assert dispatch_log is not None
+        faults = self.faults
+        ready: list[_Opened] = []
+        for index, one in enumerate(opened):
+            try:
+                faults.check(FaultPoint.SEND_AFTER_CLAIM)
+            except BaseException as error:
+                self._compensate(one[0])
+                if not isinstance(error, Exception):
+                    for txn, _, _, _ in [*ready, *opened[index + 1 :]]:
+                        self._compensate(txn)
+                    raise
+                self._dispatch_failed(one[2], one[1], error)
+                continue
+            ready.append(one)
+        try:
+            dispatch_log.reserve_many(
+                [(txn, work_id, lease.token) for txn, _, work_id, lease in ready]
+            )
+        except BaseException as error:
+            for txn, _, _, _ in ready:
+                self._compensate(txn)
+            if not isinstance(error, Exception):
+                raise
+            for _, worker, work_id, _ in ready:
+                self._dispatch_failed(work_id, worker, error)
+            return []
+        going: list[_Opened] = []
+        for index, one in enumerate(ready):
+            try:
+                faults.check(FaultPoint.SEND_AFTER_JOURNAL)
+            except BaseException as error:
+                self._compensate(one[0])
+                if not isinstance(error, Exception):
+                    for txn, _, _, _ in [*going, *ready[index + 1 :]]:
+                        self._compensate(txn)
+                    raise
+                self._dispatch_failed(one[2], one[1], error)
+                continue
+            going.append(one)
+        return going

@@ -47,7 +47,7 @@ from dispatchtx.resources._base import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from dispatchtx import DispatchTables, Transaction
 
@@ -96,6 +96,7 @@ class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
 
     JOURNAL_EVENTS: ClassVar[tuple[str, ...]] = (
         "dispatch",
+        "dispatch_many",
         "reclaim",
         "done",
         "applied",
@@ -134,6 +135,33 @@ class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
         self._live.add(txn.id)
         self._register(txn, entry, self.undo)
         return entry
+
+    def reserve_many(
+        self, reservations: Sequence[tuple[Transaction[Any], str, int]]
+    ) -> list[DispatchEntry]:
+        """`reserve` of each (txn, work id, token), journaled as ONE record
+        (one write, one fsync under `EVERY`: a coordinator's pass records its
+        dispatches together before it sends any). Every reservation is
+        checked first: one that fails raises and records nothing."""
+        entries: list[DispatchEntry] = []
+        ids: set[int] = set()
+        for txn, work_id, token in reservations:
+            self._require_preparing(txn)
+            if not isinstance(work_id, str) or not work_id:
+                raise ValueError(f"a work id must be a non-empty str, got {work_id!r}")
+            if type(token) is not int or token < 1:
+                raise ValueError(f"a fencing token is a slot number >= 1, got {token!r}")
+            if txn.id in self._open or txn.id in ids:
+                raise Unavailable(f"{self._name}: dispatch {txn.id} is already recorded")
+            ids.add(txn.id)
+            entries.append(DispatchEntry(txn.id, txn.worker, work_id, token))
+        if not entries:
+            return entries
+        self._ev_dispatch_many([list(entry) for entry in entries])
+        for (txn, _, _), entry in zip(reservations, entries, strict=True):
+            self._live.add(txn.id)
+            self._register(txn, entry, self.undo)
+        return entries
 
     def undo(self, entry: DispatchEntry) -> None:
         """Before send: `reclaim`, reason "never sent"; drop the entry."""
@@ -255,6 +283,23 @@ class DispatchLog(AdapterBase[DispatchEntry], JournaledAdapter):
     def _ev_dispatch(self, dispatch_id: int, worker: int, work_id: str, token: int) -> None:
         self._open[dispatch_id] = DispatchEntry(dispatch_id, worker, work_id, token)
         self._dispatched += 1
+
+    def _ev_dispatch_many(self, dispatches: list[Any]) -> None:
+        # Checked whole before any is applied: a record is applied entirely or
+        # not at all, also when replay reads one written by someone else.
+        checked = []
+        for dispatch in dispatches:
+            if not isinstance(dispatch, list) or len(dispatch) != 4:
+                raise ValueError(f"a dispatch is [id, worker, work id, token], not {dispatch!r}")
+            dispatch_id, worker, work_id, token = dispatch
+            if not all(type(value) is int for value in (dispatch_id, worker, token)):
+                raise ValueError(f"a dispatch's id, worker and token are ints: {dispatch!r}")
+            if not isinstance(work_id, str) or dispatch_id in self._open:
+                raise ValueError(f"not a new dispatch with a work id: {dispatch!r}")
+            checked.append(DispatchEntry(dispatch_id, worker, work_id, token))
+        for entry in checked:
+            self._open[entry.dispatch_id] = entry
+        self._dispatched += len(checked)
 
     def _ev_reclaim(self, dispatch_id: int, reason: str) -> None:
         del self._open[dispatch_id]

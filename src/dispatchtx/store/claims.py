@@ -339,14 +339,17 @@ class WorkStore(ItemReads):
 
     def _held_in_batch(self, key: str, work_id: str) -> ClaimResult | None:
         """ALREADY_HELD, without a read, when the cached head is our claim
-        linked in the current batch (`claim_many` made it a moment ago): a
-        slot published after it could only be found by reading, and would
-        fence this claim's commit all the same (the link decides)."""
+        linked in the current batch or made durable by the last one
+        (`claim_many` made it a moment ago): a slot published after it could
+        only be found by reading, and would fence this claim's commit all the
+        same (the link decides)."""
         chain = self._chains.get(key)
         if not chain or self._work_ids.get(key) != work_id:
             return None
         head = chain[-1]
-        if head.change is not Change.CLAIM or head.nonce not in self._in_batch:
+        if head.change is not Change.CLAIM:
+            return None
+        if head.nonce not in self._in_batch and head.nonce not in self._last_batch:
             return None
         return ClaimResult(ClaimOutcome.ALREADY_HELD, head.token, _lost_claims(chain))
 

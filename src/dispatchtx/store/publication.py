@@ -122,6 +122,9 @@ class SlotChains:
         # Those of `_pending` that are linked, ours, and waiting only for the
         # batch's fsyncs (a subset of `_pending`).
         self._in_batch: set[str] = set()
+        # What the last batch made durable (the claims a coordinator made
+        # ahead are adopted just after it, from the cache).
+        self._last_batch: set[str] = set()
         # directory -> nonces linked there whose batch fsync failed: the next
         # successful fsync of that directory settles them all.
         self._unsynced: dict[str, set[str]] = {}
@@ -199,11 +202,13 @@ class SlotChains:
     def _sync_deferred(self, deferred: dict[str, list[str]]) -> None:
         # Whatever is not fsynced now stays pending: an outcome unknown.
         self._in_batch.clear()
+        self._last_batch = set()
         failed: tuple[str, OSError] | None = None
         for directory, nonces in deferred.items():
             error = self._fsync_dir_retried(directory)
             if error is None:
                 self._pending.difference_update(nonces)
+                self._last_batch.update(nonces)
                 continue
             self._unsynced.setdefault(directory, set()).update(nonces)
             if failed is None:
