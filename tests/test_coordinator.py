@@ -170,6 +170,69 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one(
     assert_clean_end(world, coordinator)
 
 
+def test_a_pass_whose_group_fails_with_dones_awaiting_settles_them_and_goes_on() -> None:
+    # A later pass's group holds the last triage's `done`s too: when its
+    # fsync fails, those are settled by a retry, the commits one by one, and
+    # the claims are never sent; the run still ends with every item done.
+    world = make_world(workers=4, items=32)
+    coordinator = world.coordinator(max_in_flight=2, commit_batch=64)
+    failing = {"left": 0, "armed": 1, "awaiting": 0}
+
+    def hook(op: Op, path: str) -> Fault | None:
+        if op is Op.FSYNC_DIR and "/slots" in path and failing["left"] > 0:
+            failing["left"] -= 1
+            return Fault(FaultKind.EIO)
+        return None
+
+    world.fs.fault = hook
+    real_pass = coordinator._fence_and_dispatch
+    real_batch = coordinator.store.batch
+    inside = {"pass": False}
+
+    def fence_and_dispatch(*args: Any) -> None:
+        awaiting = len(coordinator._awaiting_done)
+        inside["pass"] = awaiting > 0 and failing["armed"] == 1
+        if inside["pass"]:
+            failing["awaiting"] = awaiting
+        try:
+            real_pass(*args)
+        finally:
+            inside["pass"] = False
+
+    @contextlib.contextmanager
+    def batch() -> Iterator[None]:
+        with real_batch():
+            yield
+            if inside["pass"] and failing["armed"]:
+                failing["armed"] = 0
+                failing["left"] = 20 * len(coordinator.store._deferred or {})
+
+    coordinator._fence_and_dispatch = fence_and_dispatch  # type: ignore[method-assign]
+    coordinator.store.batch = batch  # type: ignore[method-assign]
+    coordinator.run(max_steps=10_000)
+    assert failing["armed"] == 0 and failing["awaiting"] >= 1
+    assert coordinator.stats["group commits retried"] == 1
+    assert coordinator.stats["committed"] == 32
+    assert_clean_end(world, coordinator)
+
+
+def test_a_kill_in_a_pass_s_triage_sends_nothing_and_leaves_nothing_taken() -> None:
+    # Killed in triage after its group is durable: the pass sends none of
+    # its claimed dispatches; they are compensated, their items given back.
+    world = make_world(workers=4, items=16)
+    plan = FaultPlan(at_least_once=[FaultPoint.KILL_MID_TRIAGE])
+    coordinator = world.coordinator(plan, max_in_flight=2, commit_batch=64)
+    with pytest.raises(CoordinatorKilled):
+        coordinator.run(max_steps=10_000)
+    preparing = [txn for txn in coordinator.tables.in_flight() if txn.phase.name == "PREPARING"]
+    assert preparing == []
+    assert not any(
+        world.workload.status(item) is QueueState.TAKEN
+        and not any(txn.tag.work_id == item for txn in coordinator.tables.in_flight())
+        for item in world.workload.items
+    )
+
+
 def test_run_goes_on_until_the_first_look_for_commits_to_roll_forward_succeeds() -> None:
     world = make_world(workers=2, items=2)
     world.fs.fault = DiskFaultPlan(

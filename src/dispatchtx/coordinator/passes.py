@@ -65,6 +65,8 @@ class Passes(Fencing):
 
         def _dispatch_failed(self, work_id: str, worker: int, error: Exception) -> None: ...
 
+        def _refused(self, work_id: str, result: ClaimResult | None) -> None: ...
+
         def _abandon_unused(self, ahead: list[tuple[str, int]], opened: list[_Opened]) -> None: ...
 
     def _grouped_pass(self, batch: int) -> None:
@@ -124,16 +126,19 @@ class Passes(Fencing):
         opened: list[_Opened] = []
         ahead: list[tuple[str, int]] = []
         pool: list[tuple[str, int]] = []  # claimed ahead for the workers results free
+        freed_items: list[str] = []  # taken for them, not yet given back or opened
         dones: list[CompleteOutcome | Exception] = []
         first_error: Exception | None = None
         next_pair = 0
+        failed = False
         try:
             with self.store.batch():
                 grouped, alone, first_error = self._checked_for_group(deliveries)
-                for_freed = self._take_items(len(grouped) + len(alone))
+                freed_items = self._take_items(len(grouped) + len(alone))
                 commits, ahead, pool, dones = self._group_of_pass(
-                    grouped, pairs, for_freed, now, awaiting
+                    grouped, pairs, freed_items, now, awaiting
                 )
+                freed_items = [work_id for work_id, _ in pool]
                 first_error = self._fence_answers(grouped, alone, commits, passed) or first_error
                 for worker, work_id in pairs:
                     next_pair += 1
@@ -145,17 +150,17 @@ class Passes(Fencing):
             # each publishes after it, and that fsync makes both durable or
             # fails); settle each commit on its own before acting on it; the
             # `done`s are settled by a retry.
+            failed = True
             self.stats.counts[Stat.COMMIT_BATCHES_RETRIED] += 1
             self.stats.counts[Stat.CLAIM_BATCHES_FAILED] += 1
             log.info("a pass's group did not become durable, settling one by one: %s", error)
             for txn, _, _, _ in opened:
                 self._compensate(txn)
-            opened = []
             self._give_back_pairs(pairs[next_pair:])
-            self._give_back_pool(pool)
-            pool = []
+            self._give_back_freed(pool, freed_items)
+            pool, freed_items = [], []
             self._finish_awaiting_done(awaiting, [error] * len(awaiting))
-            awaiting = []
+            awaiting, dones = [], []
             self._settle_commits(passed)
         except Exception as error:
             # Not the store's answer: nothing of the group is known durable.
@@ -163,39 +168,48 @@ class Passes(Fencing):
             # and carried on before the error goes up, as `_fence_batch` does.
             for txn, _, _, _ in opened:
                 self._compensate(txn)
-            opened = []
             self._give_back_pairs(pairs[next_pair:])
-            self._give_back_pool(pool)
+            self._give_back_freed(pool, freed_items)
             self._finish_awaiting_done(awaiting, [error] * len(awaiting))
             self._settle_commits(passed)
             self._carry_on(passed)
             raise
         except BaseException:
             # An interrupt: what was opened is compensated (as the dispatch
-            # boundary does), what was taken and not opened is given back; the
-            # commits that passed are in the store, left to recovery.
+            # boundary does), what was taken and not opened is given back (a
+            # claim made ahead is ours: adopted when its item is taken again);
+            # the commits that passed are in the store, left to recovery.
             self._give_back_pairs(pairs[next_pair:])
-            for work_id, _ in pool:
-                self.workload.give_back(work_id)  # its claim is ours: adopted when retaken
+            for work_id in freed_items:
+                self.workload.give_back(work_id)
             for txn, _, _, _ in opened:
                 self._compensate(txn)
             self._awaiting_done[:0] = awaiting  # still to settle (shutdown does)
             raise
         finally:
-            self._abandon_unused(ahead, opened)
+            self._abandon_unused(ahead, opened)  # the compensated ones are not abandoned twice
+        if failed:
+            opened = []
         self._finish_awaiting_done(awaiting, dones)  # durable now: released
         if len(passed) > 1:
             self.stats.counts[Stat.COMMIT_BATCHES] += 1
             self.stats.counts[Stat.RESULTS_IN_BATCHES] += len(passed)
         try:
             self._carry_on(passed)  # frees the workers whose results passed
-        finally:
-            # The time of sending: after the results were heard (a worker's
-            # deadline strikes count only what it was sent after its answer).
-            now = self.transport.now()
-            opened.extend(self._open_pool(pool, now))
-        self._last_pass_sent = bool(opened) or not pairs
+        except BaseException:
+            # A kill in triage: nothing of this pass is sent.
+            for txn, _, _, _ in opened:
+                self._compensate(txn)
+            for work_id in freed_items:
+                self.workload.give_back(work_id)
+            raise
+        # The time of sending: after the results were heard (a worker's
+        # deadline strikes count only what it was sent after its answer).
+        now = self.transport.now()
+        opened.extend(self._open_pool(pool, now))
+        sent_before = self.stats.counts[Stat.DISPATCHES]
         self._send_opened(opened, now)
+        self._last_pass_sent = self.stats.counts[Stat.DISPATCHES] > sent_before or not pairs
         if first_error is not None:
             raise first_error
 
@@ -205,11 +219,16 @@ class Passes(Fencing):
         items: list[str] = []
         if self._dispatch_paused_until > self.transport.now():
             return items
-        while len(items) < wanted:
-            work_id = self.workload.take()
-            if work_id is None:
-                break
-            items.append(work_id)
+        try:
+            while len(items) < wanted:
+                work_id = self.workload.take()
+                if work_id is None:
+                    break
+                items.append(work_id)
+        except BaseException:
+            for work_id in items:
+                self.workload.give_back(work_id)
+            raise
         return items
 
     def _open_pool(self, pool: list[tuple[str, int]], now: float) -> list[_Opened]:
@@ -246,8 +265,13 @@ class Passes(Fencing):
     def _give_back_pool(self, pool: list[tuple[str, int]]) -> None:
         """Claims made ahead that no dispatch took: abandoned (never sent),
         their items back to the workload."""
+        self._give_back_freed(pool, [work_id for work_id, _ in pool])
+
+    def _give_back_freed(self, pool: list[tuple[str, int]], items: list[str]) -> None:
+        """The claims made ahead in `pool` abandoned (never sent), and the
+        `items` taken for freed workers back to the workload."""
         self._abandon_unused(pool, [])
-        for work_id, _ in pool:
+        for work_id in items:
             self.workload.give_back(work_id)
 
     def _group_of_pass(
@@ -291,11 +315,20 @@ class Passes(Fencing):
         ]
         ahead = [claim for claim in made[: len(pairs)] if claim is not None]
         pool: list[tuple[str, int]] = []
-        for work_id, claim in zip(for_freed, made[len(pairs) :], strict=True):
+        refused: list[tuple[str, ClaimResult | Exception]] = []
+        for work_id, claim, result in zip(
+            for_freed, made[len(pairs) :], claimed[len(pairs) :], strict=True
+        ):
             if claim is None:
-                self.workload.give_back(work_id)
+                refused.append((work_id, result))
             else:
                 pool.append(claim)
+        for work_id, result in refused:
+            # As `_open` does with a refused claim: the item goes back, and
+            # one done elsewhere or quarantined is settled in the workload.
+            self.workload.give_back(work_id)
+            if isinstance(result, ClaimResult):
+                self._refused(work_id, result)
         if len(ahead) + len(pool) > 1:
             self.stats.counts[Stat.CLAIM_BATCHES] += 1
             self.stats.counts[Stat.CLAIMS_IN_BATCHES] += len(ahead) + len(pool)

@@ -421,7 +421,8 @@ class _Nonces:
 
     def __init__(self) -> None:
         self._redraw()
-        os.register_at_fork(after_in_child=self._redraw)
+        if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+            os.register_at_fork(after_in_child=self._redraw)
 
     def _redraw(self) -> None:
         self.prefix = secrets.token_hex(8)
