@@ -31,7 +31,7 @@ from dispatchtx.fs import (
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import ItemStatus, Survey, WorkStore, item_key
-from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
+from dispatchtx.transport import Result, SimFaults, SimulatedTransport, TransportClock
 
 ROOT = "/store"
 
@@ -189,13 +189,15 @@ def test_a_pass_whose_group_fails_with_dones_awaiting_settles_them_and_goes_on()
     real_batch = coordinator.store.batch
     inside = {"pass": False}
 
-    def fence_and_dispatch(*args: Any) -> None:
+    def fence_and_dispatch(
+        deliveries: list[tuple[int, Result | bytes]], pairs: list[tuple[int, str]]
+    ) -> None:
         awaiting = len(coordinator._awaiting_done)
         inside["pass"] = awaiting > 0 and failing["armed"] == 1
         if inside["pass"]:
             failing["awaiting"] = awaiting
         try:
-            real_pass(*args)
+            real_pass(deliveries, pairs)
         finally:
             inside["pass"] = False
 
