@@ -31,7 +31,7 @@ from dispatchtx.fs import (
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import ItemStatus, Survey, WorkStore, item_key
-from dispatchtx.transport import Result, SimFaults, SimulatedTransport, TransportClock
+from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
 
 ROOT = "/store"
 
@@ -116,6 +116,49 @@ def test_results_taken_together_pass_the_fence_as_one_group(commit_batch: int) -
         assert coordinator.stats["group commits"] == 0
 
 
+def _fail_the_fsyncs_of_one_group(
+    world: World,
+    coordinator: Coordinator,
+    group: str,
+    when: Callable[[], bool] = lambda: True,
+) -> dict[str, int]:
+    """Fail every directory fsync at the end of the first store batch made
+    by the coordinator's method `group` on a call for which `when()` holds,
+    until the store gives up on it (OutcomeUnknown); then the disk heals.
+    Returns the state: "armed" is 0 once that batch has come."""
+    failing = {"left": 0, "armed": 1}
+
+    def hook(op: Op, path: str) -> Fault | None:
+        if op is Op.FSYNC_DIR and "/slots" in path and failing["left"] > 0:
+            failing["left"] -= 1
+            return Fault(FaultKind.EIO)
+        return None
+
+    world.fs.fault = hook
+    real_batch = coordinator.store.batch
+    real_group = getattr(coordinator, group)
+    inside = {"group": False}
+
+    def group_spy(*args: Any) -> None:
+        inside["group"] = bool(failing["armed"]) and when()
+        try:
+            real_group(*args)
+        finally:
+            inside["group"] = False
+
+    @contextlib.contextmanager
+    def batch() -> Iterator[None]:
+        with real_batch():
+            yield
+            if inside["group"] and failing["armed"]:  # every attempt at every directory
+                failing["armed"] = 0
+                failing["left"] = 20 * len(coordinator.store._deferred or {})
+
+    setattr(coordinator, group, group_spy)
+    coordinator.store.batch = batch  # type: ignore[method-assign]
+    return failing
+
+
 @pytest.mark.parametrize(
     ("group", "retried", "commit_batch"),
     [
@@ -133,38 +176,7 @@ def test_a_group_whose_fsync_fails_is_settled_one_by_one(
 ) -> None:
     world = make_world(workers=8, items=48)
     coordinator = world.coordinator(max_in_flight=2, commit_batch=commit_batch)
-    failing = {"left": 0, "armed": 1}
-
-    def hook(op: Op, path: str) -> Fault | None:
-        # Fail every directory fsync at the end of the first batch of `group`
-        # until the store gives up on it (OutcomeUnknown); then the disk heals.
-        if op is Op.FSYNC_DIR and "/slots" in path and failing["left"] > 0:
-            failing["left"] -= 1
-            return Fault(FaultKind.EIO)
-        return None
-
-    world.fs.fault = hook
-    real_batch = coordinator.store.batch
-    real_group = getattr(coordinator, group)
-    inside = {"group": False}
-
-    def group_spy(*args: Any) -> None:
-        inside["group"] = True
-        try:
-            real_group(*args)
-        finally:
-            inside["group"] = False
-
-    @contextlib.contextmanager
-    def batch() -> Iterator[None]:
-        with real_batch():
-            yield
-            if inside["group"] and failing["armed"]:  # every attempt at every directory
-                failing["armed"] = 0
-                failing["left"] = 20 * len(coordinator.store._deferred or {})
-
-    setattr(coordinator, group, group_spy)
-    coordinator.store.batch = batch  # type: ignore[method-assign]
+    _fail_the_fsyncs_of_one_group(world, coordinator, group)
     coordinator.run(max_steps=10_000)
     assert coordinator.stats[retried] == 1
     assert_clean_end(world, coordinator)
@@ -176,43 +188,17 @@ def test_a_pass_whose_group_fails_with_dones_awaiting_settles_them_and_goes_on()
     # the claims are never sent; the run still ends with every item done.
     world = make_world(workers=4, items=32)
     coordinator = world.coordinator(max_in_flight=2, commit_batch=64)
-    failing = {"left": 0, "armed": 1, "awaiting": 0}
+    awaiting: list[int] = []
 
-    def hook(op: Op, path: str) -> Fault | None:
-        if op is Op.FSYNC_DIR and "/slots" in path and failing["left"] > 0:
-            failing["left"] -= 1
-            return Fault(FaultKind.EIO)
-        return None
+    def dones_awaiting() -> bool:
+        awaiting.append(len(coordinator._awaiting_done))
+        return awaiting[-1] > 0
 
-    world.fs.fault = hook
-    real_pass = coordinator._fence_and_dispatch
-    real_batch = coordinator.store.batch
-    inside = {"pass": False}
-
-    def fence_and_dispatch(
-        deliveries: list[tuple[int, Result | bytes]], pairs: list[tuple[int, str]]
-    ) -> None:
-        awaiting = len(coordinator._awaiting_done)
-        inside["pass"] = awaiting > 0 and failing["armed"] == 1
-        if inside["pass"]:
-            failing["awaiting"] = awaiting
-        try:
-            real_pass(deliveries, pairs)
-        finally:
-            inside["pass"] = False
-
-    @contextlib.contextmanager
-    def batch() -> Iterator[None]:
-        with real_batch():
-            yield
-            if inside["pass"] and failing["armed"]:
-                failing["armed"] = 0
-                failing["left"] = 20 * len(coordinator.store._deferred or {})
-
-    coordinator._fence_and_dispatch = fence_and_dispatch  # type: ignore[method-assign]
-    coordinator.store.batch = batch  # type: ignore[method-assign]
+    failing = _fail_the_fsyncs_of_one_group(
+        world, coordinator, "_fence_and_dispatch", when=dones_awaiting
+    )
     coordinator.run(max_steps=10_000)
-    assert failing["armed"] == 0 and failing["awaiting"] >= 1
+    assert failing["armed"] == 0 and awaiting[-1] >= 1
     assert coordinator.stats["group commits retried"] == 1
     assert coordinator.stats["committed"] == 32
     assert_clean_end(world, coordinator)

@@ -353,20 +353,7 @@ class Passes(Fencing):
         (never sent: their undos), as `_send` would."""
         dispatch_log = self.dispatch_log
         assert dispatch_log is not None
-        faults = self.faults
-        ready: list[_Opened] = []
-        for index, one in enumerate(opened):
-            try:
-                faults.check(FaultPoint.SEND_AFTER_CLAIM)
-            except BaseException as error:
-                self._compensate(one[0])
-                if not isinstance(error, Exception):
-                    for txn, _, _, _ in [*ready, *opened[index + 1 :]]:
-                        self._compensate(txn)
-                    raise
-                self._dispatch_failed(one[2], one[1], error)
-                continue
-            ready.append(one)
+        ready = self._past_fault_point(FaultPoint.SEND_AFTER_CLAIM, opened)
         try:
             dispatch_log.reserve_many(
                 [(txn, work_id, lease.token) for txn, _, work_id, lease in ready]
@@ -379,14 +366,20 @@ class Passes(Fencing):
             for _, worker, work_id, _ in ready:
                 self._dispatch_failed(work_id, worker, error)
             return []
+        return self._past_fault_point(FaultPoint.SEND_AFTER_JOURNAL, ready)
+
+    def _past_fault_point(self, point: FaultPoint, dispatches: list[_Opened]) -> list[_Opened]:
+        """Visit `point` once per dispatch, as `_send` does: one it fires at
+        is compensated (never sent) and dropped; an interrupt compensates
+        them all and goes up."""
         going: list[_Opened] = []
-        for index, one in enumerate(ready):
+        for index, one in enumerate(dispatches):
             try:
-                faults.check(FaultPoint.SEND_AFTER_JOURNAL)
+                self.faults.check(point)
             except BaseException as error:
                 self._compensate(one[0])
                 if not isinstance(error, Exception):
-                    for txn, _, _, _ in [*going, *ready[index + 1 :]]:
+                    for txn, _, _, _ in [*going, *dispatches[index + 1 :]]:
                         self._compensate(txn)
                     raise
                 self._dispatch_failed(one[2], one[1], error)
