@@ -33,7 +33,7 @@ from dispatchtx import (
 from dispatchtx.coordinator.config import CoordinatorConfig
 from dispatchtx.coordinator.faults import FaultPlan, FaultPoint
 from dispatchtx.coordinator.fence import _AwaitingDone
-from dispatchtx.coordinator.passes import Passes
+from dispatchtx.coordinator.passes import Passes, claim_made
 from dispatchtx.coordinator.recovery import Committed
 from dispatchtx.coordinator.stats import REFUSED_BY_OUTCOME, CoordinatorStats, Stat
 from dispatchtx.coordinator.workers import Strikes
@@ -345,14 +345,10 @@ class Coordinator(Passes):
         except Exception as error:  # the group as a whole: each is tried alone
             log.info("a group of claims failed, claiming one by one: %s", error)
             return [], [error] * len(awaiting)
-        claimed = [
-            (work_id, result.token)
-            for (_, work_id), result in zip(pairs, results, strict=True)
-            if isinstance(result, ClaimResult)
-            and result.outcome is ClaimOutcome.CLAIMED
-            and result.token is not None
+        made = [
+            claim_made(work_id, result) for (_, work_id), result in zip(pairs, results, strict=True)
         ]
-        return claimed, dones
+        return [claim for claim in made if claim is not None], dones
 
     def _abandon_unused(
         self,

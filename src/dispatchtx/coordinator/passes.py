@@ -35,6 +35,18 @@ log = logging.getLogger("dispatchtx.coordinator")
 _Opened = tuple[Transaction[DispatchTag], int, str, WorkLease]
 
 
+def claim_made(work_id: str, result: ClaimResult | Exception) -> tuple[str, int] | None:
+    """(work id, token) of a claim a group made for this coordinator, else
+    None (refused, failed, or decided without a token)."""
+    if (
+        isinstance(result, ClaimResult)
+        and result.outcome is ClaimOutcome.CLAIMED
+        and result.token is not None
+    ):
+        return work_id, result.token
+    return None
+
+
 class Passes(Fencing):
     """The grouped pass of `Coordinator` (which provides what is declared here)."""
 
@@ -306,12 +318,7 @@ class Passes(Fencing):
                 self.workload.give_back(work_id)
             return [error] * len(commits), [], [], [error] * len(awaiting)
         made = [
-            (work_id, result.token)
-            if isinstance(result, ClaimResult)
-            and result.outcome is ClaimOutcome.CLAIMED
-            and result.token is not None
-            else None
-            for work_id, result in zip(work_ids, claimed, strict=True)
+            claim_made(work_id, result) for work_id, result in zip(work_ids, claimed, strict=True)
         ]
         ahead = [claim for claim in made[: len(pairs)] if claim is not None]
         pool: list[tuple[str, int]] = []
