@@ -31,7 +31,7 @@ from dispatchtx.fs import (
 )
 from dispatchtx.jobs.workloads.hash import HashWorkload, hash_task
 from dispatchtx.store import ItemStatus, Survey, WorkStore, item_key
-from dispatchtx.transport import SimFaults, SimulatedTransport, TransportClock
+from dispatchtx.transport import Result, SimFaults, SimulatedTransport, TransportClock
 
 ROOT = "/store"
 
@@ -924,3 +924,33 @@ def test_the_dones_of_a_poll_go_in_one_file_with_the_next_claims() -> None:
     files = [world.fs.read(f"{slots}/{name}") for name in world.fs.listdir(slots)]
     mixed = [data for data in files if b'"change":"done"' in data and b'"change":"claim"' in data]
     assert mixed, "no group held both the dones of a poll and the claims after it"
+
+
+def test_answers_held_by_the_transport_are_taken_in_before_a_dispatch_counts_as_unanswered() -> (
+    None
+):
+    # The grouped pass sends after its poll, and a long send drains answers
+    # into the transport: the deadline sweep must hear them first, not call
+    # their dispatches unanswered (with one strike, their workers lost).
+    world = make_world(workers=2, items=2)
+    coordinator = world.coordinator(max_in_flight=1, commit_batch=64, deadline=2.0)
+    coordinator.step()  # both items sent
+    assert len(list(coordinator.tables.in_flight())) == 2
+    held = world.transport.poll(10.0)  # the answers, as a send would have drained them
+    while len(held) < 2:
+        held += world.transport.poll(10.0)
+    real_poll = world.transport.poll
+
+    def poll(timeout: float) -> list[tuple[int, Result | bytes]]:
+        nonlocal held
+        if held:
+            arrived, held = held, []
+            return arrived
+        return real_poll(timeout)
+
+    world.transport.poll = poll  # type: ignore[method-assign]
+    coordinator._sweep_lost_workers(world.transport.now() + 5.0)
+    assert coordinator.stats[Stat.DEADLINES_MISSED] == 0 and not coordinator.lost_workers
+    coordinator.run(max_steps=1000)
+    assert coordinator.stats[Stat.COMMITTED] == 2
+    assert_clean_end(world, coordinator)

@@ -491,8 +491,15 @@ class Coordinator(Passes):
     # -- lost workers, heartbeats, recovery ------------------------------------
 
     def _sweep_lost_workers(self, now: float) -> None:
+        expired = list(self.tables.sent_before(now - self.config.deadline))
+        if expired and self.config.commit_batch > 1:
+            # The grouped pass sends after its poll: answers that came in
+            # during a long send are held by the transport, not yet heard.
+            # Take them in before calling any dispatch unanswered.
+            self._take_in_arrived()
+            expired = list(self.tables.sent_before(now - self.config.deadline))
         lost = set(self.transport.take_lost_workers())
-        for txn in self.tables.sent_before(now - self.config.deadline):
+        for txn in expired:
             if txn.worker in lost or self.tables.get(txn.id) is None:
                 continue
             if txn.worker in self.lost_workers:  # cannot happen; never leave one hanging
@@ -509,6 +516,10 @@ class Coordinator(Passes):
             failures = self.tables.lose_worker(worker)
             self.stats.counts[Stat.COMPENSATION_FAILURES] += len(failures)
             log.warning("worker %d lost; its dispatches were compensated", worker)
+
+    def _take_in_arrived(self) -> None:
+        """Fence what the transport already holds, without waiting."""
+        self._fence_in_groups(self.transport.poll(0.0))
 
     def readmit(self, worker: int) -> None:
         """A lost worker is back (restarted by its launcher, or it answered

@@ -105,7 +105,14 @@ class Passes(Fencing):
             ],
             pairs,
         )
-        for start in range(batch, len(messages), batch):  # more than one group's worth
+        self._fence_in_groups(messages[batch:])  # more than one group's worth
+        if len(pairs) == batch:  # more free workers than one group: the rest now
+            self._dispatch_to_free_workers()
+
+    def _fence_in_groups(self, messages: list[tuple[int, Result | bytes]]) -> None:
+        """`_fence_batch` of `messages`, `commit_batch` at a time."""
+        batch = self.config.commit_batch
+        for start in range(0, len(messages), batch):
             self._fence_batch(
                 [
                     (worker, delivered)
@@ -113,8 +120,6 @@ class Passes(Fencing):
                     for delivered in self._deliveries(worker, message)
                 ]
             )
-        if len(pairs) == batch:  # more free workers than one group: the rest now
-            self._dispatch_to_free_workers()
 
     def _give_back_pairs(self, pairs: list[tuple[int, str]]) -> None:
         for worker, work_id in pairs:
